@@ -1,0 +1,121 @@
+"""Data configuration: where text comes from, how it is tokenized, and how the loader packs it.
+
+One `DataConfig` per run (Hydra group ``data``); it lists one or more `SourceConfig`s that are
+mixed by weight. The dataclass defaults are the quickstart's: the built-in corpus (the Python
+standard library of the running interpreter) with a small byte-level BPE trained on it.
+Only types OmegaConf supports are used (str, int, float, bool, Optional, List of dataclasses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+SOURCE_KINDS = ("builtin", "files", "hf")
+FILE_FORMATS = ("auto", "json", "parquet", "text")
+TEXT_SAMPLE_BY = ("document", "paragraph", "line")
+
+
+@dataclass
+class SourceConfig:
+    """One text source: prepared into its own token shards, then mixed with the others by weight."""
+
+    name: str = "builtin"
+    """Unique label: names the source's prepared directory, its entry in the loader state, and its logs."""
+    kind: str = "builtin"
+    """'builtin' (stdlib sources of the running interpreter), 'files' (local jsonl/json/parquet/text), or 'hf' (a Hub dataset by name)."""
+    path: Optional[str] = None
+    """kind='files': one file, a directory (searched recursively, sorted), or a glob pattern."""
+    file_format: str = "auto"
+    """kind='files': 'json' (json and jsonl, optionally .gz/.zst), 'parquet', 'text', or 'auto' (from the file extensions)."""
+    text_sample_by: str = "document"
+    """file_format='text': one document per 'document' (whole file), 'paragraph', or 'line'."""
+    hf_name: Optional[str] = None
+    """kind='hf': the dataset's Hub name (e.g. 'HuggingFaceFW/fineweb-edu'); needs the network unless cached."""
+    hf_config: Optional[str] = None
+    """kind='hf': the dataset's configuration (subset) name, if it has several."""
+    split: str = "train"
+    """kind='hf': the split of the Hub dataset to read (local files form one split); validation is carved out by documents."""
+    text_field: str = "text"
+    """Column holding each document's text."""
+    weight: float = 1.0
+    """Mixing weight: the share of training samples drawn from this source is weight / sum(weights)."""
+    streaming: bool = False
+    """Read the source as a stream (datasets IterableDataset) while preparing: for corpora larger than disk or RAM."""
+
+
+@dataclass
+class DataConfig:
+    """Sources, tokenizer, token-shard preparation, and the packed, resumable, mixed loader."""
+
+    seq_len: int = 256
+    """Window length T: each sample is T + 1 consecutive tokens, inputs = the first T, labels = the last T."""
+    sources: List[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
+    """The sources to train on, mixed by their weights; names must be unique."""
+    tokenizer: str = "builtin"
+    """'builtin' (byte-level BPE trained on the built-in corpus), or a local path: a tokenizer.json file or a Hugging Face tokenizer directory."""
+    eos_token: Optional[str] = None
+    """End-of-document token appended after every document; None reads it from tokenizer_config.json or known names."""
+    builtin_vocab_size: int = 4096
+    """Vocabulary size of the builtin BPE tokenizer (including its one special token, the EOS)."""
+    builtin_corpus_mb: float = 8.0
+    """Cap on the built-in corpus in MB of source text (files taken in sorted path order until the cap)."""
+    cache_dir: str = "~/.cache/hybrid-nvfp4/data"
+    """Root for the builtin tokenizer, automatically prepared shards, and the datasets library's cache."""
+    prepared_dir: Optional[str] = None
+    """Directory of prepared shards, one subdirectory per source name; None uses <cache_dir>/prepared/<name>-<settings hash>."""
+    auto_prepare: bool = True
+    """Prepare a source that has no shards yet on first use (under a file lock); false makes that an error instead."""
+    documents_per_shard: int = 200000
+    """Documents per preparation chunk; each chunk writes one train and one validation shard and is the unit of resumption."""
+    num_proc: int = 0
+    """Processes that tokenize in parallel during preparation (datasets.map num_proc); 0 means one per CPU core."""
+    validation_fraction: float = 0.02
+    """Share of documents held out for validation, chosen by a hash of each document's index (deterministic)."""
+    validation_batches: int = 4
+    """Micro batches per data-parallel rank in the fixed validation set."""
+    seed: int = 1234
+    """Seed of the sampler (window order per epoch and the mixing choices) when the caller passes none."""
+    document_ids: bool = False
+    """Also return 'document_ids' [B, T]: per input position, the index of its document within the window (0, 1, ...)."""
+    verify_checksums: bool = True
+    """Verify each shard's sha256 once per process when opening it; set false only to skip that cost knowingly."""
+
+
+def validate_data_config(cfg: DataConfig) -> None:
+    """Raise a ValueError naming the first bad field of `cfg` (checked before any work starts)."""
+    if cfg.seq_len < 1:
+        raise ValueError(f"data.seq_len must be >= 1, got {cfg.seq_len}")
+    if not cfg.sources:
+        raise ValueError("data.sources is empty: list at least one source")
+    if not 0.0 <= cfg.validation_fraction < 1.0:
+        raise ValueError(f"data.validation_fraction must be in [0, 1), got {cfg.validation_fraction}")
+    if cfg.validation_batches < 0:
+        raise ValueError(f"data.validation_batches must be >= 0, got {cfg.validation_batches}")
+    if cfg.documents_per_shard < 1:
+        raise ValueError(f"data.documents_per_shard must be >= 1, got {cfg.documents_per_shard}")
+    if cfg.num_proc < 0:
+        raise ValueError(f"data.num_proc must be >= 0 (0 = one per core), got {cfg.num_proc}")
+    if cfg.builtin_vocab_size < 257:
+        raise ValueError(f"data.builtin_vocab_size must be >= 257 (256 bytes + EOS), got {cfg.builtin_vocab_size}")
+    if cfg.builtin_corpus_mb <= 0:
+        raise ValueError(f"data.builtin_corpus_mb must be > 0, got {cfg.builtin_corpus_mb}")
+    names = [source.name for source in cfg.sources]
+    for index, source in enumerate(cfg.sources):
+        where = f"data.sources[{index}] ({source.name!r})"
+        if not source.name or "/" in source.name or source.name.startswith("."):
+            raise ValueError(f"{where}.name must be a non-empty file-name-safe label, got {source.name!r}")
+        if source.name in names[:index]:
+            raise ValueError(f"{where}.name is not unique: sources are {names}")
+        if source.kind not in SOURCE_KINDS:
+            raise ValueError(f"{where}.kind must be one of {SOURCE_KINDS}, got {source.kind!r}")
+        if source.kind == "files" and not source.path:
+            raise ValueError(f"{where}.path must be set for kind='files'")
+        if source.kind == "hf" and not source.hf_name:
+            raise ValueError(f"{where}.hf_name must be set for kind='hf'")
+        if source.file_format not in FILE_FORMATS:
+            raise ValueError(f"{where}.file_format must be one of {FILE_FORMATS}, got {source.file_format!r}")
+        if source.text_sample_by not in TEXT_SAMPLE_BY:
+            raise ValueError(f"{where}.text_sample_by must be one of {TEXT_SAMPLE_BY}, got {source.text_sample_by!r}")
+        if not source.weight > 0:
+            raise ValueError(f"{where}.weight must be > 0, got {source.weight}")

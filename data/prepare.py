@@ -1,0 +1,415 @@
+"""Preparation: source documents -> tokenized, checksummed token shards (format in data/shards.py).
+
+The source is processed in chunks of D = documents_per_shard documents. For chunk k:
+
+1. tokenize documents [k D, (k+1) D): indexable sources with ``datasets.map(batched=True,
+   num_proc=...)``, streaming sources with the tokenizer's batch encoder (Rust threads);
+   EOS is appended to every document;
+2. split them by document into train / validation (`is_validation_document`);
+3. write train-k and validation-k shards (tokens .bin, offsets .idx.npy) by temp file + fsync +
+   rename, hash them, then write chunk-k.json. A chunk whose record exists and whose files still
+   match their sha256 is not redone, so an interrupted run resumes where it stopped.
+
+manifest.json is written last and marks the directory complete. `ensure_prepared` wraps this
+in a file lock (``<directory>.lock``), so concurrent processes (ranks) prepare a source once;
+the others wait, then read the result. Work that was started with other settings (tokenizer,
+source files, hold-out, chunk size: prepare-settings.json) is refused, never mixed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock, Timeout
+from tqdm.auto import tqdm
+
+from data.config import DataConfig, SourceConfig
+from data.errors import DataError
+from data.shards import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    TOKEN_DTYPE,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_tokenizer_matches,
+    file_sha256,
+    is_validation_document,
+    npy_bytes,
+    read_json,
+    read_manifest,
+    shard_file_names,
+)
+from data.sources import describe_source, load_source, source_location
+from data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+MAP_BATCH_SIZE = 256
+"""Documents per datasets.map batch (one encode_batch call)."""
+
+
+def preparation_settings(cfg: DataConfig, source: SourceConfig, tokenizer: Tokenizer) -> dict:
+    """Everything the shards depend on; equal settings give byte-identical shards (streaming or not)."""
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "name": source.name,
+        "source": describe_source(source, cfg),
+        "tokenizer": tokenizer.identity,
+        "validation_fraction": cfg.validation_fraction,
+        "documents_per_shard": cfg.documents_per_shard,
+    }
+
+
+def prepared_directory(cfg: DataConfig, source: SourceConfig, tokenizer: Tokenizer) -> Path:
+    """<prepared_dir>/<name> when prepared_dir is set, else <cache_dir>/prepared/<name>-<hash of the settings>."""
+    if cfg.prepared_dir:
+        return Path(cfg.prepared_dir).expanduser() / source.name
+    settings = preparation_settings(cfg, source, tokenizer)
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cfg.cache_dir).expanduser() / "prepared" / f"{source.name}-{key}"
+
+
+def _chunk_record_path(directory: Path, chunk: int) -> Path:
+    return directory / f"chunk-{chunk:05d}.json"
+
+
+def _completed_chunk(directory: Path, chunk: int, first_document: int, documents: int | None) -> dict | None:
+    """The chunk's record if its shards are complete and intact; None (redo it) otherwise."""
+    path = _chunk_record_path(directory, chunk)
+    if not path.is_file():
+        return None
+    record = read_json(path)
+    if record["first_document"] != first_document or (documents is not None and record["documents"] != documents):
+        log.warning("%s covers other documents than expected: redoing chunk %d", path, chunk)
+        return None
+    for entry in record["shards"]:
+        for name, size_key, digest_key in (("bin", "bin_bytes", "bin_sha256"), ("index", "index_bytes", "index_sha256")):
+            file = directory / entry[name]
+            if not file.is_file() or file.stat().st_size != entry[size_key] or file_sha256(file) != entry[digest_key]:
+                log.warning("%s is missing or does not match %s: redoing chunk %d", file, path, chunk)
+                return None
+    return record
+
+
+def _write_chunk(
+    directory: Path, chunk: int, first_document: int, tokens: np.ndarray, lengths: np.ndarray, fraction: float
+) -> dict:
+    """Split one tokenized chunk by document into train / validation shards; write them and the chunk record.
+
+    tokens: uint32 [sum(lengths)], documents back to back, each ending with EOS; lengths: int64 [documents].
+    """
+    document_indices = np.arange(first_document, first_document + len(lengths), dtype=np.int64)
+    held_out = is_validation_document(document_indices, fraction)
+    token_held_out = np.repeat(held_out, lengths)
+    entries = []
+    for split, document_mask, token_mask in (
+        ("train", ~held_out, ~token_held_out),
+        ("validation", held_out, token_held_out),
+    ):
+        split_tokens = np.ascontiguousarray(tokens[token_mask], dtype=TOKEN_DTYPE)
+        offsets = np.zeros(int(document_mask.sum()) + 1, dtype=np.int64)
+        np.cumsum(lengths[document_mask], out=offsets[1:])
+        index_payload = npy_bytes(offsets)
+        bin_name, index_name = shard_file_names(split, chunk)
+        atomic_write_bytes(directory / bin_name, memoryview(split_tokens).cast("B"))
+        atomic_write_bytes(directory / index_name, index_payload)
+        entries.append(
+            {
+                "split": split,
+                "bin": bin_name,
+                "index": index_name,
+                "tokens": int(split_tokens.size),
+                "documents": int(document_mask.sum()),
+                "bin_bytes": int(split_tokens.nbytes),
+                "index_bytes": len(index_payload),
+                "bin_sha256": hashlib.sha256(memoryview(split_tokens).cast("B")).hexdigest(),
+                "index_sha256": hashlib.sha256(index_payload).hexdigest(),
+            }
+        )
+    record = {"chunk": chunk, "first_document": first_document, "documents": int(len(lengths)), "shards": entries}
+    atomic_write_json(_chunk_record_path(directory, chunk), record)
+    return record
+
+
+def tokenize_batch(
+    batch: dict, indices: list[int], *, tokenizer: Tokenizer, text_field: str, first_document: int, where: str
+) -> dict:
+    """datasets.map function: each document's token ids followed by EOS (runs in worker processes)."""
+    texts = batch[text_field]
+    for text, index in zip(texts, indices):
+        if not isinstance(text, str):
+            raise DataError(
+                f"{where}: document {first_document + index} has no text in field {text_field!r} "
+                f"(got {type(text).__name__})"
+            )
+    return {"input_ids": [ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch(texts)]}
+
+
+def _flatten_token_lists(column) -> tuple[np.ndarray, np.ndarray]:
+    """Arrow list<uint32> column (chunked) -> (uint32 tokens back to back, int64 lengths)."""
+    values, lengths = [], []
+    for piece in column.chunks:
+        values.append(piece.flatten().to_numpy(zero_copy_only=False))
+        lengths.append(piece.value_lengths().to_numpy(zero_copy_only=False))
+    if not values:
+        return np.empty(0, dtype=TOKEN_DTYPE), np.empty(0, dtype=np.int64)
+    return np.concatenate(values).astype(TOKEN_DTYPE, copy=False), np.concatenate(lengths).astype(np.int64)
+
+
+def _tokenize_indexed(
+    dataset, first: int, end: int, *, tokenizer: Tokenizer, source: SourceConfig, num_proc: int, scratch: Path, chunk: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Documents [first, end) of an indexable dataset -> (uint32 tokens with EOS after each, int64 lengths)."""
+    import datasets
+
+    part = dataset.select(range(first, end))
+    processes = max(1, min(num_proc, end - first))
+    scratch.mkdir(parents=True, exist_ok=True)
+    mapped = part.map(
+        tokenize_batch,
+        batched=True,
+        batch_size=MAP_BATCH_SIZE,
+        with_indices=True,
+        num_proc=processes if processes > 1 else None,
+        fn_kwargs={
+            "tokenizer": tokenizer,
+            "text_field": source.text_field,
+            "first_document": first,
+            "where": f"source {source.name!r} ({source_location(source)})",
+        },
+        remove_columns=part.column_names,
+        features=datasets.Features({"input_ids": datasets.Sequence(datasets.Value("uint32"))}),
+        cache_file_name=str(scratch / f"chunk-{chunk:05d}.arrow"),
+        load_from_cache_file=False,
+        new_fingerprint=hashlib.sha256(f"{scratch}/{chunk}/{time.time_ns()}".encode()).hexdigest()[:16],
+        desc=f"tokenizing {source.name} chunk {chunk}",
+    )
+    tokens, lengths = _flatten_token_lists(mapped.data.column("input_ids"))
+    del mapped
+    shutil.rmtree(scratch, ignore_errors=True)
+    return tokens, lengths
+
+
+def _tokenize_texts(texts: list, *, tokenizer: Tokenizer, source: SourceConfig, first_document: int):
+    where = f"source {source.name!r} ({source_location(source)})"
+    pieces = []
+    for start in range(0, len(texts), 4096):
+        batch = texts[start : start + 4096]
+        ids = tokenize_batch({"text": batch}, range(start, start + len(batch)), tokenizer=tokenizer, text_field="text",
+                             first_document=first_document, where=where)["input_ids"]
+        pieces.extend(ids)
+    lengths = np.fromiter((len(ids) for ids in pieces), dtype=np.int64, count=len(pieces))
+    tokens = np.fromiter((token for ids in pieces for token in ids), dtype=TOKEN_DTYPE, count=int(lengths.sum()))
+    return tokens, lengths
+
+
+def _prepare_indexed(dataset, directory, cfg, source, tokenizer, num_proc, progress) -> list[dict]:
+    per_chunk = cfg.documents_per_shard
+    total = len(dataset)
+    num_chunks = -(-total // per_chunk)
+    records = []
+    with tqdm(total=num_chunks, desc=f"preparing {source.name}", unit="shard", disable=not progress) as bar:
+        for chunk in range(num_chunks):
+            first, end = chunk * per_chunk, min(total, (chunk + 1) * per_chunk)
+            record = _completed_chunk(directory, chunk, first, end - first)
+            if record is None:
+                tokens, lengths = _tokenize_indexed(
+                    dataset, first, end, tokenizer=tokenizer, source=source, num_proc=num_proc,
+                    scratch=directory / "tmp", chunk=chunk,
+                )
+                record = _write_chunk(directory, chunk, first, tokens, lengths, cfg.validation_fraction)
+            records.append(record)
+            bar.update()
+    return records
+
+
+def _prepare_streaming(dataset, directory, cfg, source, tokenizer, progress) -> list[dict]:
+    per_chunk = cfg.documents_per_shard
+    records = []
+    # Completed chunks form a prefix of the stream; a short chunk can only be the last one.
+    while (record := _completed_chunk(directory, len(records), len(records) * per_chunk, None)) is not None:
+        records.append(record)
+        if record["documents"] < per_chunk:
+            return records
+    chunk = len(records)
+    stream = dataset.skip(chunk * per_chunk) if chunk else dataset
+    buffer: list = []
+    with tqdm(desc=f"preparing {source.name} (stream)", unit="doc", initial=chunk * per_chunk, disable=not progress) as bar:
+        for example in stream:
+            buffer.append(example.get(source.text_field) if isinstance(example, dict) else None)
+            if len(buffer) == per_chunk:
+                tokens, lengths = _tokenize_texts(buffer, tokenizer=tokenizer, source=source, first_document=chunk * per_chunk)
+                records.append(_write_chunk(directory, chunk, chunk * per_chunk, tokens, lengths, cfg.validation_fraction))
+                bar.update(len(buffer))
+                chunk, buffer = chunk + 1, []
+        if buffer:
+            tokens, lengths = _tokenize_texts(buffer, tokenizer=tokenizer, source=source, first_document=chunk * per_chunk)
+            records.append(_write_chunk(directory, chunk, chunk * per_chunk, tokens, lengths, cfg.validation_fraction))
+            bar.update(len(buffer))
+    return records
+
+
+@contextlib.contextmanager
+def _datasets_progress(enabled: bool):
+    import datasets
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    (datasets.enable_progress_bars if enabled else datasets.disable_progress_bars)()
+    try:
+        yield
+    finally:
+        (datasets.enable_progress_bars if was_enabled else datasets.disable_progress_bars)()
+
+
+def _check_settings(path: Path, settings: dict) -> None:
+    previous = read_json(path)
+    if previous != settings:
+        differing = sorted(key for key in set(previous) | set(settings) if previous.get(key) != settings.get(key))
+        raise DataError(
+            f"{path.parent} holds work prepared with other settings ({', '.join(differing)} differ, see {path}); "
+            "delete that directory or point data.prepared_dir elsewhere"
+        )
+
+
+def prepare_source(
+    cfg: DataConfig,
+    source: SourceConfig,
+    tokenizer: Tokenizer,
+    directory: Path | None = None,
+    *,
+    progress: bool = True,
+) -> dict:
+    """Prepare (or finish preparing) one source into `directory`; returns its manifest. Not locked: see ensure_prepared."""
+    settings = preparation_settings(cfg, source, tokenizer)
+    directory = Path(directory) if directory is not None else prepared_directory(cfg, source, tokenizer)
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "manifest.json").is_file():
+        manifest = read_manifest(directory)
+        check_tokenizer_matches(directory / "manifest.json", manifest["tokenizer"], tokenizer.identity)
+        if (directory / "prepare-settings.json").is_file():
+            _check_settings(directory / "prepare-settings.json", settings)
+        return manifest
+    settings_path = directory / "prepare-settings.json"
+    if settings_path.is_file():
+        _check_settings(settings_path, settings)
+    else:
+        atomic_write_json(settings_path, settings)
+    num_proc = cfg.num_proc or os.cpu_count() or 1
+    started = time.perf_counter()
+    with _datasets_progress(progress):
+        dataset = load_source(source, cfg)
+        if source.streaming:
+            records = _prepare_streaming(dataset, directory, cfg, source, tokenizer, progress)
+        else:
+            records = _prepare_indexed(dataset, directory, cfg, source, tokenizer, num_proc, progress)
+    if sum(record["documents"] for record in records) == 0:
+        raise DataError(f"source {source.name!r} ({source_location(source)}) holds no documents")
+    manifest = _assemble_manifest(
+        source.name, settings["source"], tokenizer.identity, cfg.validation_fraction, cfg.documents_per_shard,
+        records, time.perf_counter() - started,
+    )
+    atomic_write_json(directory / "manifest.json", manifest)
+    log.info("prepared %s into %s: %s", source.name, directory, manifest["splits"])
+    return manifest
+
+
+def _assemble_manifest(
+    name: str, source: dict, tokenizer_identity: dict, fraction: float, per_chunk: int, records: list[dict], seconds: float
+) -> dict:
+    shards = [entry for record in records for entry in record["shards"]]
+    splits = {
+        split: {
+            "tokens": sum(entry["tokens"] for entry in shards if entry["split"] == split),
+            "documents": sum(entry["documents"] for entry in shards if entry["split"] == split),
+        }
+        for split in ("train", "validation")
+    }
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "name": name,
+        "source": source,
+        "tokenizer": tokenizer_identity,
+        "dtype": TOKEN_DTYPE.str,
+        "validation": {
+            "fraction": fraction,
+            "rule": "document i is held out when unit_hash(i, VALIDATION_SALT) < fraction (data/shards.py)",
+        },
+        "documents_per_shard": per_chunk,
+        "documents": sum(record["documents"] for record in records),
+        "splits": splits,
+        "shards": shards,
+        "seconds": round(seconds, 3),
+        "complete": True,
+    }
+
+
+def write_token_dataset(
+    directory: Path,
+    name: str,
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    tokenizer_identity: dict,
+    validation_fraction: float = 0.0,
+    documents_per_shard: int = 1 << 62,
+    source: dict | None = None,
+) -> dict:
+    """Write already-tokenized documents (tokens back to back, EOS included) as a prepared source.
+
+    For synthetic data (benchmarks, tests): the same shard files, checksums and manifest as
+    prepare_source, without a tokenizer run. Returns the manifest.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokens = np.asarray(tokens, dtype=TOKEN_DTYPE)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if int(lengths.sum()) != tokens.size:
+        raise ValueError(f"lengths sum to {int(lengths.sum())} but {tokens.size} tokens were given")
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    records = []
+    for chunk, first in enumerate(range(0, max(1, len(lengths)), documents_per_shard)):
+        end = min(len(lengths), first + documents_per_shard)
+        records.append(
+            _write_chunk(directory, chunk, first, tokens[offsets[first] : offsets[end]], lengths[first:end], validation_fraction)
+        )
+    manifest = _assemble_manifest(
+        name, source or {"kind": "synthetic"}, tokenizer_identity, validation_fraction, documents_per_shard, records, 0.0
+    )
+    atomic_write_json(directory / "manifest.json", manifest)
+    return manifest
+
+
+def ensure_prepared(cfg: DataConfig, source: SourceConfig, tokenizer: Tokenizer, *, progress: bool = True) -> Path:
+    """The source's prepared directory, preparing it first (once, under a file lock) if allowed."""
+    directory = prepared_directory(cfg, source, tokenizer)
+    if (directory / "manifest.json").is_file():
+        return directory
+    if not cfg.auto_prepare:
+        raise DataError(
+            f"source {source.name!r}: no prepared shards at {directory} and data.auto_prepare is false; "
+            "run `python scripts/prepare_data.py` with this data config first"
+        )
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(directory) + ".lock")
+    while True:
+        try:
+            lock.acquire(timeout=60)
+            break
+        except Timeout:
+            log.warning("waiting for another process to finish preparing %s (lock %s)", directory, lock.lock_file)
+    try:
+        if not (directory / "manifest.json").is_file():
+            prepare_source(cfg, source, tokenizer, directory, progress=progress)
+    finally:
+        lock.release()
+    return directory

@@ -1,0 +1,289 @@
+"""The token-shard format, and opening a prepared split as one verified token stream.
+
+A prepared source is a directory:
+
+    manifest.json                 written last (atomically): everything below, "complete": true
+    train-00000.bin               flat little-endian uint32 tokens; every document ends with EOS
+    train-00000.idx.npy           int64 [documents + 1]: offsets of document starts, last = tokens
+    validation-00000.bin / .idx.npy
+    chunk-00000.json              per-chunk record written when chunk 0's shards are complete
+    prepare-settings.json         the settings the partial work was made with (for resuming)
+
+Chunk k holds documents [k * D, (k+1) * D) of the source (D = documents_per_shard); a document
+goes to the validation split when ``unit_hash(index, VALIDATION_SALT) < validation_fraction``,
+a fixed function of its index, so the split depends on neither the tokenizer nor the order of
+processing. A split's token stream is its shards concatenated in chunk order.
+
+Verification on open (`open_split`): every shard listed must exist with exactly the size the
+manifest gives (a stat per file: catches missing and truncated shards), the index must agree
+with the token count, the tokenizer identity must match the configured tokenizer, and (unless
+``verify_checksums`` is off) the sha256 of every file is checked once per process. sha256 ran
+at 0.87 GB/s per core on the development machine (docs/data.md); the work is split across
+data-parallel ranks (rank r hashes shards r, r + w, ...), so a 40 TB corpus (10T tokens)
+costs each of 1024 ranks ~40 GB of reads, about 45 s at that rate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from data.errors import DataError
+from data.permutation import unit_hash
+
+FORMAT_NAME = "hybrid-nvfp4-token-shards"
+FORMAT_VERSION = 1
+TOKEN_DTYPE = np.dtype("<u4")
+SPLITS = ("train", "validation")
+VALIDATION_SALT = 0x5EED_0F_DA7A_5EED
+"""Salt of the per-document validation hash (part of the format: changing it changes every split)."""
+
+
+def is_validation_document(document_indices: np.ndarray, fraction: float) -> np.ndarray:
+    """Boolean mask: which documents (by index in their source) are held out for validation."""
+    return unit_hash(np.asarray(document_indices, dtype=np.int64), VALIDATION_SALT) < fraction
+
+
+def shard_file_names(split: str, chunk: int) -> tuple[str, str]:
+    """(tokens .bin, document index .idx.npy) file names of one split of one chunk."""
+    return f"{split}-{chunk:05d}.bin", f"{split}-{chunk:05d}.idx.npy"
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 8 MB blocks (hashlib releases the GIL, so threads run in parallel)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def atomic_write_bytes(path: Path, payload: bytes | memoryview) -> None:
+    """Write to a temporary name, fsync, then rename: readers see the whole file or none."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def atomic_write_json(path: Path, value: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """The .npy serialization of `array` (what np.save writes), as bytes to hash and write at once."""
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(f"cannot parse {path}: {error}") from error
+
+
+def read_manifest(directory: Path) -> dict:
+    """The manifest of a completely prepared source; a clear error when there is none."""
+    path = directory / "manifest.json"
+    if not path.is_file():
+        state = "does not exist" if not directory.exists() else "holds no manifest.json (preparation incomplete)"
+        raise DataError(f"prepared dataset {directory} {state}: run scripts/prepare_data.py (or enable data.auto_prepare)")
+    manifest = read_json(path)
+    if manifest.get("format") != FORMAT_NAME or manifest.get("version") != FORMAT_VERSION:
+        raise DataError(
+            f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}, expected "
+            f"{FORMAT_NAME!r} version {FORMAT_VERSION}; prepare the source again"
+        )
+    if not manifest.get("complete"):
+        raise DataError(f"{path} is not marked complete: preparation was interrupted; run it again")
+    return manifest
+
+
+def check_tokenizer_matches(manifest_path: Path, recorded: dict, expected: dict) -> None:
+    """Shards are only valid for the exact tokenizer that produced them (name may differ, content may not)."""
+    keys = ("sha256", "vocab_size", "eos_id")
+    if any(recorded.get(key) != expected.get(key) for key in keys):
+        raise DataError(
+            f"tokenizer mismatch for {manifest_path}: shards were made with {recorded.get('name')!r} "
+            f"(sha256 {str(recorded.get('sha256'))[:12]}, vocab {recorded.get('vocab_size')}, eos {recorded.get('eos_id')}) "
+            f"but data.tokenizer is {expected.get('name')!r} (sha256 {str(expected.get('sha256'))[:12]}, "
+            f"vocab {expected.get('vocab_size')}, eos {expected.get('eos_id')}); prepare the source again with this tokenizer"
+        )
+
+
+_verified_lock = threading.Lock()
+_verified: dict[tuple[str, int, int], str] = {}
+"""(path, size, mtime_ns) -> sha256 of files already hashed in this process."""
+
+
+def _verify_checksum(path: Path, expected: str, manifest_path: Path) -> None:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    with _verified_lock:
+        known = _verified.get(key)
+    actual = known or file_sha256(path)
+    if actual != expected:
+        raise DataError(
+            f"checksum mismatch: {path} has sha256 {actual[:16]}..., {manifest_path} records {expected[:16]}... "
+            "(corrupt or modified shard; prepare the source again)"
+        )
+    with _verified_lock:
+        _verified[key] = actual
+
+
+@dataclass
+class ShardFiles:
+    """One shard as the manifest describes it, with its memory maps once opened."""
+
+    tokens_path: Path
+    index_path: Path
+    num_tokens: int
+    num_documents: int
+    tokens: np.ndarray  # uint32 [num_tokens] (memmap; an empty array for an empty shard)
+    offsets: np.ndarray  # int64 [num_documents + 1] (memmap)
+
+
+class TokenStream:
+    """One split of one prepared source: its shards as one contiguous, read-only token stream."""
+
+    def __init__(self, directory: Path, split: str, manifest: dict, shards: list[ShardFiles]):
+        self.directory = directory
+        self.split = split
+        self.manifest = manifest
+        self.name = manifest["name"]
+        self.shards = [shard for shard in shards if shard.num_tokens > 0]
+        counts = np.array([shard.num_tokens for shard in self.shards], dtype=np.int64)
+        self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.num_tokens = int(self.shard_starts[-1])
+        self.num_documents = sum(shard.num_documents for shard in self.shards)
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.directory / "manifest.json"
+
+    def num_windows(self, seq_len: int) -> int:
+        """Windows of seq_len + 1 tokens at stride seq_len: window i covers tokens [i T, i T + T + 1)."""
+        return max(0, (self.num_tokens - 1) // seq_len)
+
+    def _locate(self, position: int) -> int:
+        return int(np.searchsorted(self.shard_starts, position, side="right")) - 1
+
+    def read(self, start: int, length: int, out: np.ndarray) -> None:
+        """Copy tokens [start, start + length) of the stream into `out` (any integer dtype), across shards."""
+        if start < 0 or start + length > self.num_tokens:
+            raise IndexError(f"read [{start}, {start + length}) outside {self.num_tokens} tokens of {self.directory}")
+        shard_index, written = self._locate(start), 0
+        while written < length:
+            shard = self.shards[shard_index]
+            local = start + written - int(self.shard_starts[shard_index])
+            take = min(length - written, shard.num_tokens - local)
+            out[written : written + take] = shard.tokens[local : local + take]
+            written += take
+            shard_index += 1
+
+    def document_ids(self, start: int, length: int) -> np.ndarray:
+        """int64 [length]: for each position, its document's rank among those the range touches (0, 1, ...).
+
+        Shard boundaries are document boundaries (shards hold whole documents).
+        """
+        boundaries = []  # positions in (start, start + length) where a new document begins
+        shard_index, end = self._locate(start), start + length
+        while shard_index < len(self.shards) and self.shard_starts[shard_index] < end:
+            base = int(self.shard_starts[shard_index])
+            offsets = self.shards[shard_index].offsets
+            low = np.searchsorted(offsets, start - base, side="right")
+            high = np.searchsorted(offsets, end - base, side="left")
+            boundaries.append(np.asarray(offsets[low:high], dtype=np.int64) + base)
+            shard_index += 1
+        starts = np.unique(np.concatenate(boundaries)) if boundaries else np.empty(0, dtype=np.int64)
+        positions = np.arange(start, end, dtype=np.int64)
+        return np.searchsorted(starts, positions, side="right").astype(np.int64)
+
+
+def _open_shard(directory: Path, entry: dict, manifest_path: Path) -> ShardFiles:
+    tokens_path, index_path = directory / entry["bin"], directory / entry["index"]
+    for path, size_key in ((tokens_path, "bin_bytes"), (index_path, "index_bytes")):
+        if not path.is_file():
+            raise DataError(f"missing shard file {path} (listed in {manifest_path})")
+        size = path.stat().st_size
+        if size != entry[size_key]:
+            raise DataError(
+                f"truncated or resized shard file {path}: {size} bytes, {manifest_path} records {entry[size_key]}"
+            )
+    num_tokens, num_documents = int(entry["tokens"]), int(entry["documents"])
+    if entry["bin_bytes"] != num_tokens * TOKEN_DTYPE.itemsize:
+        raise DataError(f"{manifest_path}: entry for {tokens_path.name} gives {num_tokens} tokens but {entry['bin_bytes']} bytes")
+    tokens = (
+        np.memmap(tokens_path, dtype=TOKEN_DTYPE, mode="r", shape=(num_tokens,))
+        if num_tokens
+        else np.empty(0, dtype=TOKEN_DTYPE)
+    )
+    try:
+        offsets = np.load(index_path, mmap_mode="r", allow_pickle=False)
+    except ValueError as error:
+        raise DataError(f"cannot read document index {index_path}: {error}") from error
+    if offsets.shape != (num_documents + 1,) or offsets.dtype != np.int64:
+        raise DataError(
+            f"document index {index_path} has shape {offsets.shape} {offsets.dtype}, expected ({num_documents + 1},) int64"
+        )
+    if int(offsets[0]) != 0 or int(offsets[-1]) != num_tokens:
+        raise DataError(f"document index {index_path} spans [{int(offsets[0])}, {int(offsets[-1])}], expected [0, {num_tokens}]")
+    return ShardFiles(tokens_path, index_path, num_tokens, num_documents, tokens, offsets)
+
+
+def open_split(
+    directory: Path,
+    split: str,
+    *,
+    expected_tokenizer: dict | None,
+    expected_validation_fraction: float | None = None,
+    verify_checksums: bool = True,
+    checksum_rank: int = 0,
+    checksum_world_size: int = 1,
+) -> TokenStream:
+    """Open and verify one split of a prepared source (see the module docstring for the checks).
+
+    expected_tokenizer: the configured tokenizer's identity, or None to skip that check (benchmarks).
+    checksum_rank / checksum_world_size: this process hashes files checksum_rank, checksum_rank + w, ...
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    manifest_path = directory / "manifest.json"
+    if expected_tokenizer is not None:
+        check_tokenizer_matches(manifest_path, manifest["tokenizer"], expected_tokenizer)
+    recorded_fraction = manifest["validation"]["fraction"]
+    if expected_validation_fraction is not None and recorded_fraction != expected_validation_fraction:
+        raise DataError(
+            f"{manifest_path} holds out validation_fraction={recorded_fraction} of documents but "
+            f"data.validation_fraction is {expected_validation_fraction}; prepare again or set it to match"
+        )
+    entries = [entry for entry in manifest["shards"] if entry["split"] == split]
+    shards = [_open_shard(directory, entry, manifest_path) for entry in entries]
+    if verify_checksums:
+        jobs = []
+        for number, entry in enumerate(entries):
+            if number % checksum_world_size != checksum_rank:
+                continue
+            jobs.append((directory / entry["bin"], entry["bin_sha256"]))
+            jobs.append((directory / entry["index"], entry["index_sha256"]))
+        with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+            for future in [pool.submit(_verify_checksum, path, digest, manifest_path) for path, digest in jobs]:
+                future.result()
+    return TokenStream(directory, split, manifest, shards)

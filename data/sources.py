@@ -1,0 +1,145 @@
+"""Text sources as Hugging Face `datasets`: the built-in corpus, local files, Hub datasets.
+
+`load_source` returns a `datasets.Dataset` (indexable: prepared in parallel with
+``map(num_proc=...)``) or, with ``streaming: true``, a `datasets.IterableDataset` (read once,
+front to back, for corpora larger than disk). `describe_source` is the JSON-ready description
+recorded in manifests and hashed into cache keys: for local files it includes each file's size
+and modification time, so editing a file invalidates an automatic cache.
+
+Local files: `path` is a file, a directory (searched recursively; files sorted by path) or a
+glob. Formats by extension: .jsonl/.json (also .gz, .zst, .bz2, .xz) -> "json", .parquet ->
+"parquet", .txt (also .gz) -> "text" (one document per file by default). Files in a directory
+with other extensions are listed in a warning and not read; an empty file or a format mix is
+an error naming the files.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from pathlib import Path
+
+from data.builtin import load_builtin_corpus
+from data.config import DataConfig, SourceConfig
+from data.errors import DataError
+
+log = logging.getLogger(__name__)
+
+_COMPRESSIONS = ("", ".gz", ".zst", ".bz2", ".xz")
+FORMAT_BY_EXTENSION = {
+    **{f".jsonl{suffix}": "json" for suffix in _COMPRESSIONS},
+    **{f".json{suffix}": "json" for suffix in _COMPRESSIONS},
+    ".parquet": "parquet",
+    ".txt": "text",
+    ".txt.gz": "text",
+}
+
+
+def _format_of(path: Path) -> str | None:
+    name = path.name.lower()
+    for extension in sorted(FORMAT_BY_EXTENSION, key=len, reverse=True):
+        if name.endswith(extension):
+            return FORMAT_BY_EXTENSION[extension]
+    return None
+
+
+def resolve_data_files(source: SourceConfig) -> tuple[list[Path], str]:
+    """(sorted data files, datasets builder name) of a kind='files' source; errors name the path."""
+    where = f"source {source.name!r} (path {source.path})"
+    raw = os.path.expanduser(source.path or "")
+    if any(character in raw for character in "*?["):
+        candidates = [Path(match) for match in glob.glob(raw, recursive=True) if Path(match).is_file()]
+    elif Path(raw).is_dir():
+        candidates = [path for path in Path(raw).rglob("*") if path.is_file() and not path.name.startswith(".")]
+    elif Path(raw).is_file():
+        candidates = [Path(raw)]
+    else:
+        raise DataError(f"{where}: no such file or directory")
+    candidates = sorted(candidates, key=lambda path: path.as_posix())
+    if source.file_format == "auto":
+        files = [path for path in candidates if _format_of(path)]
+        ignored = [path for path in candidates if not _format_of(path)]
+        if ignored:
+            log.warning("%s: not reading %d file(s) of unknown format: %s", where, len(ignored), [str(p) for p in ignored[:5]])
+        formats = sorted({_format_of(path) for path in files})
+        if len(formats) > 1:
+            raise DataError(f"{where}: files of several formats {formats}; give one format per source")
+        file_format = formats[0] if formats else None
+    else:
+        files, file_format = candidates, source.file_format
+    if not files:
+        raise DataError(f"{where}: no data files (.jsonl, .json, .parquet, .txt) found")
+    for path in files:
+        if path.stat().st_size == 0:
+            raise DataError(f"{where}: data file {path} is empty")
+    return files, file_format
+
+
+def describe_source(source: SourceConfig, cfg: DataConfig) -> dict:
+    """What the source is, for manifests and cache keys (stat-only for local files: cheap)."""
+    if source.kind == "builtin":
+        return load_builtin_corpus(cfg.builtin_corpus_mb).describe()
+    common = {"kind": source.kind, "split": source.split, "text_field": source.text_field}
+    if source.kind == "files":
+        files, file_format = resolve_data_files(source)
+        stats = [path.stat() for path in files]
+        return {
+            **common,
+            "format": file_format,
+            "text_sample_by": source.text_sample_by if file_format == "text" else None,
+            "files": [
+                {"path": str(path.resolve()), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+                for path, stat in zip(files, stats)
+            ],
+        }
+    return {**common, "hf_name": source.hf_name, "hf_config": source.hf_config}
+
+
+def load_source(source: SourceConfig, cfg: DataConfig):
+    """The source's documents as a datasets Dataset (or IterableDataset when streaming) with `text_field`."""
+    import datasets
+
+    cache_dir = str(Path(cfg.cache_dir).expanduser() / "hf_datasets")
+    if source.kind == "builtin":
+        corpus = load_builtin_corpus(cfg.builtin_corpus_mb)
+        dataset = datasets.Dataset.from_dict({source.text_field: list(corpus.texts), "path": list(corpus.relative_paths)})
+        return dataset.to_iterable_dataset() if source.streaming else dataset
+    if source.kind == "files":
+        files, file_format = resolve_data_files(source)
+        where = f"source {source.name!r} (files {[str(p) for p in files[:3]]}{'...' if len(files) > 3 else ''})"
+        options = {"sample_by": source.text_sample_by} if file_format == "text" else {}
+        try:
+            dataset = datasets.load_dataset(
+                file_format,
+                data_files=[str(path) for path in files],
+                split="train",
+                streaming=source.streaming,
+                cache_dir=cache_dir,
+                **options,
+            )
+        except Exception as error:  # datasets raises many types (StopIteration on an empty json, ArrowInvalid...)
+            raise DataError(f"{where}: cannot load as {file_format}: {type(error).__name__}: {error}") from error
+    else:
+        where = f"source {source.name!r} (Hub dataset {source.hf_name}, config {source.hf_config}, split {source.split})"
+        try:
+            dataset = datasets.load_dataset(
+                source.hf_name, source.hf_config, split=source.split, streaming=source.streaming, cache_dir=cache_dir
+            )
+        except Exception as error:
+            raise DataError(f"{where}: cannot load: {type(error).__name__}: {error}") from error
+    columns = dataset.column_names
+    if columns is not None and source.text_field not in columns:
+        raise DataError(f"{where}: has no text field {source.text_field!r}; its columns are {columns} (set text_field)")
+    if not source.streaming and len(dataset) == 0:
+        raise DataError(f"{where}: holds no documents")
+    return dataset
+
+
+def source_location(source: SourceConfig) -> str:
+    """A short human-readable place for error messages."""
+    if source.kind == "files":
+        return f"files at {source.path}"
+    if source.kind == "hf":
+        return f"Hub dataset {source.hf_name}"
+    return "the built-in corpus"

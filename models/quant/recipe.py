@@ -1,0 +1,327 @@
+"""The precision pass: decide each linear layer's format per GEMM, then swap the modules.
+
+`apply_precision(model, cfg)` runs once on the built model, before activation checkpointing,
+compile and FSDP. It:
+  1. plans every nn.Linear by its fully qualified name (`plan_layers`, pure, meta-safe):
+     - `lm_head` stays BF16 always (the paper keeps the output projection in BF16);
+     - blocks among the first `bf16_layers_at_start` or last `bf16_layers_at_end` pattern
+       symbols stay BF16 (a symbol counts as one layer, as Megatron's
+       --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 count it);
+     - names matching `bf16_layer_globs` stay BF16;
+     - every other linear gets the recipe's format in each GEMM (Fprop, Dgrad, Wgrad) that
+       the config quantizes; a linear whose dims do not divide the format's block size is an
+       error naming the layer (or BF16 when `keep_indivisible_in_bf16`);
+  2. resolves the backend (`auto` -> te where TE runs this recipe on this GPU, else torch for
+     FP8 on SM 9.0+, else emulated) and swaps modules: QuantLinear (emulated), the torch FP8
+     linear, or te.Linear under te.autocast;
+  3. returns a `PrecisionPlan` that prints the table, reports FLOP shares, advances the
+     stochastic-rounding step and performs the late switch to BF16 (paper, Appendix D).
+Embeddings, norms, conv1d, the SSD scan and attention's softmax BMMs are not linears and stay
+in BF16/FP32 (they are listed in the plan's notes, not its rows).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+
+from models.quant.config import BACKENDS, FORMATS, PrecisionConfig
+
+GEMMS = ("fprop", "dgrad", "wgrad")
+# Divisibility each format needs of a linear's in/out features (block or tile edge).
+BLOCK_EDGE = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32, "fp8_block": 128, "fp8_tensor": 1}
+_BLOCK_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass
+class LayerPlan:
+    """One linear layer's precision: format per GEMM (or 'bf16'), backend, and why."""
+
+    name: str
+    in_features: int
+    out_features: int
+    block_index: Optional[int]
+    symbol: Optional[str]
+    gemm_formats: Dict[str, str]
+    reason: str
+    backend: str = "bf16"
+
+    @property
+    def quantized(self) -> bool:
+        return any(fmt != "bf16" for fmt in self.gemm_formats.values())
+
+    @property
+    def flops_per_token(self) -> int:
+        """Fprop + Dgrad + Wgrad, 2 * in * out each."""
+        return 6 * self.in_features * self.out_features
+
+
+@dataclass
+class PrecisionPlan:
+    """The outcome of the pass; lives for the run (late switch, SR step, reporting)."""
+
+    cfg: PrecisionConfig
+    layers: List[LayerPlan]
+    backend: str
+    modules: Dict[str, nn.Module] = field(default_factory=dict)  # quantized modules by name
+    notes: List[str] = field(default_factory=list)
+    switched: bool = False
+    te_autocast: Optional[object] = None  # te backend: the switch flips its `enabled`
+
+    # ------------------------------------------------------------------ reporting
+    def summary(self) -> dict:
+        linears = [layer for layer in self.layers if layer.name != "lm_head"]
+        total_flops = sum(layer.flops_per_token for layer in self.layers) or 1
+        flops_by_format: Dict[str, float] = {}
+        for layer in self.layers:
+            for gemm in GEMMS:
+                fmt = layer.gemm_formats[gemm]
+                flops_by_format[fmt] = flops_by_format.get(fmt, 0) + layer.flops_per_token / 3
+        bf16_block_linears = [layer for layer in linears if not layer.quantized]
+        block_flops = sum(layer.flops_per_token for layer in linears) or 1
+        return {
+            "recipe": self.cfg.name,
+            "format": self.cfg.format,
+            "backend": self.backend,
+            "linear_layers": len(linears),
+            "bf16_linear_layers": len(bf16_block_linears),
+            "bf16_linear_share_by_count": len(bf16_block_linears) / max(len(linears), 1),
+            "bf16_linear_share_by_flops": sum(l.flops_per_token for l in bf16_block_linears) / block_flops,
+            "flop_share_by_format": {fmt: value / total_flops for fmt, value in sorted(flops_by_format.items())},
+            "switched_to_bf16": self.switched,
+        }
+
+    def render(self) -> str:
+        """The plan as a table: one row per linear, then the FLOP shares."""
+        rows = [("layer", "shape (out x in)", "fprop", "dgrad", "wgrad", "backend", "why")]
+        for layer in self.layers:
+            rows.append((layer.name, f"{layer.out_features} x {layer.in_features}",
+                         layer.gemm_formats["fprop"], layer.gemm_formats["dgrad"], layer.gemm_formats["wgrad"],
+                         layer.backend, layer.reason))
+        widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+        lines = [f"Precision plan: recipe {self.cfg.name} ({self.cfg.format}), backend {self.backend}"]
+        for index, row in enumerate(rows):
+            lines.append("  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)))
+            if index == 0:
+                lines.append("  " + "  ".join("-" * width for width in widths))
+        s = self.summary()
+        shares = ", ".join(f"{fmt} {100 * share:.1f}%" for fmt, share in s["flop_share_by_format"].items())
+        lines.append(f"  linear GEMM FLOPs by format (lm_head included): {shares}")
+        lines.append(
+            f"  block linears kept in BF16: {s['bf16_linear_layers']} of {s['linear_layers']} "
+            f"({100 * s['bf16_linear_share_by_count']:.1f}% by count, "
+            f"{100 * s['bf16_linear_share_by_flops']:.1f}% by FLOPs)"
+        )
+        lines.extend(f"  note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ during training
+    def set_step(self, step: int) -> None:
+        """Tell quantized modules the optimizer step (seeds stochastic rounding reproducibly)."""
+        for module in self.modules.values():
+            setter = getattr(module, "set_step", None)
+            if setter is not None:
+                setter(step)
+
+    def maybe_switch(self, step: int, tokens: int) -> Optional[dict]:
+        """Late switch to BF16 (paper, App. D) once step/tokens reach the configured point."""
+        cfg = self.cfg
+        if self.switched or not self.modules and self.te_autocast is None:
+            return None
+        due = (cfg.switch_to_bf16_at_step is not None and step >= cfg.switch_to_bf16_at_step) or (
+            cfg.switch_to_bf16_at_tokens is not None and tokens >= cfg.switch_to_bf16_at_tokens
+        )
+        if not due:
+            return None
+        self.switch_to_bf16(cfg.switch_mode)
+        return {"mode": cfg.switch_mode, "layers": len(self.modules)}
+
+    def switch_to_bf16(self, mode: str) -> None:
+        if mode not in ("forward", "forward_backward"):
+            raise ValueError(f"precision.switch_mode must be 'forward' or 'forward_backward'; got {mode!r}")
+        gemms = ("fprop",) if mode == "forward" else GEMMS
+        if self.te_autocast is not None:
+            # TE's autocast covers all three GEMMs of a layer at once: the switch is total.
+            self.te_autocast.enabled = False
+            gemms = GEMMS
+        for module in self.modules.values():
+            high_precision = getattr(module, "set_high_precision", None)
+            if high_precision is not None:
+                high_precision(gemms)
+        for layer in self.layers:
+            if layer.name in self.modules:
+                for gemm in gemms:
+                    layer.gemm_formats[gemm] = "bf16"
+        self.switched = True
+
+    def state_dict(self) -> dict:
+        return {"switched": self.switched}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("switched") and not self.switched:
+            self.switch_to_bf16(self.cfg.switch_mode)
+
+
+# ---------------------------------------------------------------------------- planning
+def validate_config(cfg: PrecisionConfig) -> None:
+    if cfg.format not in FORMATS:
+        raise ValueError(f"precision.format must be one of {', '.join(FORMATS)}; got {cfg.format!r}")
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"precision.backend must be one of {', '.join(BACKENDS)}; got {cfg.backend!r}")
+    if cfg.switch_mode not in ("forward", "forward_backward"):
+        raise ValueError(f"precision.switch_mode must be 'forward' or 'forward_backward'; got {cfg.switch_mode!r}")
+    for name in ("bf16_layers_at_start", "bf16_layers_at_end"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"precision.{name} must be >= 0; got {getattr(cfg, name)}")
+
+
+def plan_layers(model: nn.Module, cfg: PrecisionConfig) -> List[LayerPlan]:
+    """Decide every nn.Linear's formats. Pure: reads names and shapes only (meta-safe)."""
+    validate_config(cfg)
+    symbols = [block.symbol for block in model.layers]
+    num_blocks = len(symbols)
+    bf16_blocks = set(range(min(cfg.bf16_layers_at_start, num_blocks)))
+    bf16_blocks |= set(range(max(0, num_blocks - cfg.bf16_layers_at_end), num_blocks))
+    quantized_gemms = {"fprop": cfg.quantize_fprop, "dgrad": cfg.quantize_dgrad, "wgrad": cfg.quantize_wgrad}
+
+    plans = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        match = _BLOCK_NAME.search(name)
+        block_index = int(match.group(1)) if match else None
+        symbol = symbols[block_index] if block_index is not None else None
+        bf16 = {gemm: "bf16" for gemm in GEMMS}
+        plan = LayerPlan(name, module.in_features, module.out_features, block_index, symbol, bf16, reason="")
+        if cfg.format == "bf16":
+            plan.reason = "recipe is bf16"
+        elif name == "lm_head" or block_index is None:
+            plan.reason = "output projection stays BF16" if name == "lm_head" else "outside the blocks"
+        elif block_index in bf16_blocks:
+            first = block_index < cfg.bf16_layers_at_start
+            plan.reason = (f"first {cfg.bf16_layers_at_start} blocks in BF16" if first
+                           else f"last {cfg.bf16_layers_at_end} blocks in BF16")
+        elif any(fnmatch.fnmatchcase(name, glob) for glob in cfg.bf16_layer_globs):
+            plan.reason = "matches precision.bf16_layer_globs"
+        elif not any(quantized_gemms.values()):
+            plan.reason = "no GEMM quantized"
+        else:
+            edge = BLOCK_EDGE[cfg.format]
+            bad = [f"{dim_name}={dim}" for dim_name, dim in (("in_features", module.in_features),
+                                                          ("out_features", module.out_features)) if dim % edge]
+            if bad:
+                if not cfg.keep_indivisible_in_bf16:
+                    raise ValueError(
+                        f"layer '{name}': {', '.join(bad)} not divisible by {edge}, the {cfg.format} block size. "
+                        "Change the model dims, keep it in BF16 with precision.bf16_layer_globs, or set "
+                        "precision.keep_indivisible_in_bf16=true."
+                    )
+                plan.reason = f"{', '.join(bad)} not divisible by {edge}: kept in BF16"
+            else:
+                plan.gemm_formats = {gemm: (cfg.format if on else "bf16") for gemm, on in quantized_gemms.items()}
+                plan.reason = cfg.name
+        plans.append(plan)
+    return plans
+
+
+# ---------------------------------------------------------------------------- backends
+def resolve_backend(cfg: PrecisionConfig, device: torch.device) -> str:
+    """'none' for bf16 recipes; else te | torch | emulated as the config and hardware allow."""
+    from models.quant import te_backend
+
+    if cfg.format == "bf16":
+        return "none"
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if cfg.backend == "emulated":
+        return "emulated"
+    if cfg.backend == "te":
+        te_backend.require_te()
+        te_backend.check_supported(cfg, capability)
+        return "te"
+    if cfg.backend == "torch":
+        if cfg.format not in ("fp8_block", "fp8_tensor"):
+            raise ValueError(f"precision.backend=torch runs FP8 formats (fp8_block, fp8_tensor), not {cfg.format}; "
+                             "use backend=emulated or te")
+        if capability is None or capability < (9, 0):
+            raise RuntimeError("precision.backend=torch needs a CUDA GPU of compute capability 9.0+ (Hopper or newer)")
+        return "torch"
+    # auto
+    if te_backend.has_te() and te_backend.supported_reason(cfg, capability) is None:
+        return "te"
+    if cfg.format in ("fp8_block", "fp8_tensor") and capability is not None and capability >= (9, 0):
+        return "torch"
+    return "emulated"
+
+
+def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[torch.device] = None) -> PrecisionPlan:
+    """Plan and convert the model's linears in place; returns the plan."""
+    device = device or next(model.parameters()).device
+    layers = plan_layers(model, cfg)
+    backend = resolve_backend(cfg, device)
+    plan = PrecisionPlan(cfg=cfg, layers=layers, backend=backend)
+    plan.notes.append("embeddings, norms, conv1d, SSD scan and attention BMMs stay in BF16/FP32")
+    to_convert = [layer for layer in layers if layer.quantized]
+    for layer in layers:
+        layer.backend = backend if layer.quantized else "bf16"
+    if backend == "none" or not to_convert:
+        return plan
+
+    if backend == "te":
+        from models.quant import te_backend
+
+        plan.modules, plan.te_autocast = te_backend.convert(model, [l.name for l in to_convert], cfg)
+        plan.notes.append(f"TE recipe: {te_backend.recipe_spec(cfg)}")
+        return plan
+
+    if backend == "torch":
+        from models.quant.fp8_torch import TorchFp8Linear
+
+        make = lambda linear, layer: TorchFp8Linear.from_linear(linear, fp8_spec(cfg, layer), name=layer.name)
+        plan.notes.append("FP8 GEMMs run natively through torch._scaled_mm")
+    else:
+        from models.quant.linear import QuantLinear
+
+        make = lambda linear, layer: QuantLinear.from_linear(linear, linear_spec(cfg, layer), name=layer.name)
+        plan.notes.append("quantized GEMMs are emulated: quantize-dequantize, then a BF16/FP32 matmul "
+                          "(bit-exact formats, not the low-precision speed)")
+    for layer in to_convert:
+        parent_name, _, child = layer.name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        converted = make(getattr(parent, child), layer)
+        seed = (cfg.seed * 1_000_003 + len(plan.modules)) % (2**31)
+        if hasattr(converted, "set_seed"):
+            converted.set_seed(seed)  # a distinct stochastic-rounding stream per layer
+        setattr(parent, child, converted)
+        plan.modules[layer.name] = converted
+    return plan
+
+
+def linear_spec(cfg: PrecisionConfig, layer: LayerPlan):
+    """The emulated QuantLinear spec for this layer from the recipe's knobs."""
+    from models.quant import linear as quant_linear
+
+    on = {gemm: layer.gemm_formats[gemm] != "bf16" for gemm in GEMMS}
+    common = dict(quantize_fprop=on["fprop"], quantize_dgrad=on["dgrad"], quantize_wgrad=on["wgrad"])
+    if cfg.format == "nvfp4":
+        return quant_linear.nvfp4_linear_spec(weight_2d=cfg.weight_2d, wgrad_rht=cfg.wgrad_rht,
+                                              stochastic_rounding=cfg.gradient_stochastic_rounding, **common)
+    if cfg.format == "mxfp4":
+        return quant_linear.mxfp4_linear_spec(wgrad_rht=cfg.wgrad_rht,
+                                              stochastic_rounding=cfg.gradient_stochastic_rounding, **common)
+    if cfg.format == "mxfp8":
+        return quant_linear.mxfp8_linear_spec(**common)
+    if cfg.format == "fp8_block":
+        return quant_linear.fp8_block_linear_spec(power_of_two_scales=cfg.fp8_power_of_two_scales, **common)
+    if cfg.format == "fp8_tensor":
+        return quant_linear.fp8_tensor_linear_spec(**common)
+    raise ValueError(f"no linear spec for format {cfg.format!r}")
+
+
+def fp8_spec(cfg: PrecisionConfig, layer: LayerPlan):
+    """The torch FP8 backend takes the same spec as the emulated path (same numerics)."""
+    return linear_spec(cfg, layer)

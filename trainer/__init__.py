@@ -1,0 +1,1 @@
+"""The distributed trainer: `python -m trainer +experiment=NAME` (see trainer/loop.py)."""

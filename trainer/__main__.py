@@ -1,0 +1,89 @@
+"""`python -m trainer [+experiment=NAME] [key=value ...]`: compose the config and train.
+
+Hydra composes configs/train.yaml, the chosen group files and the command-line overrides
+against the `TrainConfig` schema. Before Hydra runs, every `a.b.c=value` override is checked
+against the schema, so a misspelt key fails at once with the valid keys listed (Hydra alone
+would only say the key is not in the struct).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from typing import List, Optional
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.config import TrainConfig, register_configs
+
+CONFIG_GROUPS = ("model", "precision", "data", "optim", "parallel", "logging", "experiment")
+
+
+def unknown_key_message(override: str) -> Optional[str]:
+    """A message if the override's key is not in the schema (None if fine or not ours to judge)."""
+    if override.startswith("-") or "=" not in override:
+        return None  # a Hydra flag (--cfg, --multirun, ...)
+    key = override.split("=", 1)[0].lstrip("+~")
+    if key.startswith("hydra.") or key == "hydra" or "@" in key:
+        return None
+    if key in CONFIG_GROUPS or key.startswith("experiment"):
+        return None  # a group choice: Hydra lists the available options itself
+    node = TrainConfig
+    walked: List[str] = []
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(node):
+            return None  # inside a list or a dict: Hydra's own checks apply
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if part not in fields:
+            where = ".".join(walked) or "the top level"
+            return (
+                f"Unknown config key '{key}': '{part}' is not a field of {node.__name__} ({where}).\n"
+                f"Valid keys at {where}: {', '.join(sorted(fields))}"
+            )
+        walked.append(part)
+        node = _field_type(node, part)
+    return None
+
+
+def _field_type(cls, name: str):
+    hints = typing.get_type_hints(cls)
+    hint = hints[name]
+    # Optional[X] -> X
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Union and len(args) == 1:
+        hint = args[0]
+    return hint
+
+
+register_configs()
+
+
+@hydra.main(version_base=None, config_path="../configs", config_name="train")
+def main(dict_cfg: DictConfig) -> None:
+    cfg: TrainConfig = OmegaConf.to_object(dict_cfg)
+    runtime = HydraConfig.get().runtime
+    if cfg.run_dir is None:
+        cfg.run_dir = runtime.output_dir
+    if cfg.name is None:
+        cfg.name = runtime.choices.get("experiment") or "default"
+    from trainer.loop import train
+
+    summary = train(cfg)
+    if summary["status"] == "preempted":
+        print(f"preempted at step {summary['step']}: checkpoint saved in {summary['run_dir']}", flush=True)
+
+
+def cli() -> None:
+    for argument in sys.argv[1:]:
+        message = unknown_key_message(argument)
+        if message:
+            print(f"Error in override '{argument}':\n{message}", file=sys.stderr)
+            sys.exit(2)
+    main()
+
+
+if __name__ == "__main__":
+    cli()

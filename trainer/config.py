@@ -1,0 +1,170 @@
+"""The run's configuration: one dataclass per component, composed into ``TrainConfig``.
+
+``configs/train.yaml`` is validated against ``TrainConfig`` (registered here in Hydra's
+ConfigStore as ``train_schema``), so a misspelt key fails at start. The entry point converts
+the composed config to these dataclasses once; nothing below it reads a ``DictConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from data.config import DataConfig
+from models.config import ModelConfig
+from models.quant.config import PrecisionConfig
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and the learning-rate schedule."""
+
+    name: str = "adamw"
+    """Label of this optimizer config."""
+    lr: float = 3e-3
+    """Peak learning rate (reached at the end of warmup)."""
+    min_lr: float = 3e-5
+    """Floor the schedule decays to."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.95
+    """AdamW second-moment decay."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay; never applied to 1-D params (norms, biases) nor A_log, D, dt_bias."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    fused: Optional[bool] = None
+    """Use the fused AdamW kernel: None picks it on CUDA, False never, True always."""
+    schedule: str = "wsd"
+    """Learning-rate shape: 'wsd' (warmup-stable-decay), 'cosine', or 'constant' (after warmup)."""
+    warmup_steps: int = 20
+    """Linear warmup from 0 to lr over this many optimizer steps."""
+    decay_fraction: float = 0.2
+    """WSD: the last fraction of training decays from lr to min_lr."""
+    decay_shape: str = "linear"
+    """WSD decay shape: 'linear', 'cosine' or '1-sqrt'."""
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is spread over devices and how memory is traded for compute."""
+
+    name: str = "auto"
+    """Label of this parallel config."""
+    dp_shard: int = -1
+    """FSDP2 shard group size; -1 = all ranks (or the ranks of one node when dp_replicate > 1)."""
+    dp_replicate: int = 1
+    """HSDP replicas: shard within groups of dp_shard ranks, replicate across groups; -1 = world size / dp_shard."""
+    fsdp: str = "auto"
+    """'auto' (FSDP2 when world size > 1), 'on' (FSDP2 even on one rank), 'off'."""
+    param_dtype: str = "auto"
+    """Compute dtype: 'auto' (bfloat16 on GPU, float32 on CPU), bfloat16, float16 or float32.
+    FP32 master weights are kept; FSDP2 casts params to it, without FSDP autocast does."""
+    reduce_dtype: str = "float32"
+    """Dtype of gradient reduction across ranks."""
+    activation_checkpoint: str = "none"
+    """'none', 'full' (every block), or a set of block symbols to recompute, e.g. 'M-' or '*'."""
+    compile: bool = False
+    """torch.compile each block (eager fallbacks where a kernel does not trace)."""
+    device: str = "auto"
+    """'auto' (cuda when available, else cpu), 'cuda' or 'cpu'."""
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases reporting through the real wandb library."""
+
+    mode: str = "offline"
+    """'online', 'offline' (default: written locally, sync later) or 'disabled'."""
+    project: str = "hybrid-nvfp4"
+    """W&B project."""
+    entity: Optional[str] = None
+    """W&B entity (team or user); None = wandb's default."""
+    group: Optional[str] = None
+    """W&B group; None = the experiment name, so a run and its baseline sit together."""
+    name: Optional[str] = None
+    """W&B run name; None = <experiment>-<precision>-<timestamp>."""
+
+
+@dataclass
+class LoggingConfig:
+    """What is reported, where and how often."""
+
+    name: str = "default"
+    """Label of this logging config."""
+    log_every: int = 10
+    """Optimizer steps between metric lines (JSONL, W&B, progress bar)."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar with loss, tokens/s and ETA on rank 0."""
+    quant_diagnostics_every: int = 0
+    """Steps between quantization diagnostics of every quantized layer; 0 disables."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """W&B settings."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Distributed checkpoints: when, where, how many."""
+
+    dir: Optional[str] = None
+    """Directory of checkpoints; None = <run dir>/checkpoints."""
+    every: int = 0
+    """Save every N optimizer steps; 0 = only at the end and on preemption signals."""
+    keep: int = 3
+    """Keep the newest K complete checkpoints; older ones are deleted after a save succeeds."""
+    resume: str = "auto"
+    """'auto' (latest complete checkpoint in dir, if any), 'none', or a checkpoint path."""
+    async_save: bool = False
+    """Write checkpoints in the background (DCP async_save) while training continues."""
+    save_at_end: bool = True
+    """Save a checkpoint after the last step."""
+
+
+@dataclass
+class LoopConfig:
+    """The training loop: length, batch, evaluation, guards."""
+
+    steps: int = 300
+    """Optimizer steps to train for."""
+    micro_batch_size: int = 8
+    """Sequences per rank per forward/backward."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step over all ranks; a multiple of micro_batch_size * dp size."""
+    eval_every: int = 0
+    """Steps between validation-loss evaluations; 0 disables."""
+    eval_batches: int = 4
+    """Micro-batches per rank in each validation pass."""
+    max_consecutive_skips: int = 5
+    """Halt (after checkpointing) when this many steps in a row had a non-finite loss or grad norm."""
+    spike_factor: float = 3.0
+    """Log a loss spike when the loss exceeds this many times its running mean."""
+
+
+@dataclass
+class TrainConfig:
+    """A training run."""
+
+    name: Optional[str] = None
+    """Name of the run's experiment; None = the +experiment choice (or 'default'). Groups W&B runs."""
+    seed: int = 0
+    """Seed of model init and everything else random (data order has data.seed)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    run_dir: Optional[str] = None
+    """Where metrics, checkpoints and W&B files go; None = Hydra's output directory."""
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (called by the entry point and tests)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainConfig)

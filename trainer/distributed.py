@@ -1,0 +1,215 @@
+"""Process group, device mesh and the `parallelize` pass.
+
+Launch modes, all read from the environment torchrun (or srun + torchrun) sets:
+  single process   no RANK/WORLD_SIZE: world size 1, no process group
+  torchrun         RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (c10d rendezvous)
+Backend: NCCL on CUDA, gloo on CPU.
+
+`parallelize` applies, in this order (torchtitan's order; each step needs the one before):
+  1. precision conversion (nn.Linear -> QuantLinear by name; done by the caller, see loop.py)
+  2. activation checkpointing per block (full, or only blocks of given symbols)
+  3. torch.compile per block (`module.compile()` keeps parameter names)
+  4. FSDP2 `fully_shard` per block, then the root; HSDP when dp_replicate > 1
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from trainer.config import ParallelConfig
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class DistEnv:
+    """Where this process sits: rank, world size, device, and the data-parallel mesh."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    mesh: Optional[object] = None  # DeviceMesh over data-parallel ranks, None at world size 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"parallel.device={name!r} but CUDA is not available on this machine")
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise ValueError(f"parallel.device must be 'auto', 'cpu' or 'cuda', got {name!r}")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """parallel.param_dtype: 'auto' is bf16 on GPU and fp32 on CPU (bf16 matmuls are slow there)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {name!r}")
+    return _DTYPES[name]
+
+
+def init_distributed(cfg: ParallelConfig) -> DistEnv:
+    """Join the process group torchrun set up (or run alone) and build the data-parallel mesh."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    env = DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    if world_size == 1:
+        return env
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
+    env.mesh = build_mesh(cfg, world_size, device.type)
+    return env
+
+
+def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str):
+    """1-D mesh ('dp_shard',) for FSDP, or 2-D ('dp_replicate', 'dp_shard') for HSDP."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if cfg.dp_replicate > 0:
+        replicate = cfg.dp_replicate
+        shard = cfg.dp_shard if cfg.dp_shard > 0 else world_size // replicate
+    elif cfg.dp_shard > 0:  # dp_replicate=-1: as many replicas as the shard size allows
+        shard = min(cfg.dp_shard, world_size)
+        replicate = world_size // shard
+    else:
+        raise ValueError("parallel.dp_replicate=-1 needs a positive parallel.dp_shard (e.g. GPUs per node)")
+    if replicate * shard != world_size:
+        raise ValueError(
+            f"parallel.dp_replicate ({replicate}) x parallel.dp_shard ({shard}) must equal the "
+            f"world size ({world_size})"
+        )
+    if replicate == 1:
+        return init_device_mesh(device_type, (shard,), mesh_dim_names=("dp_shard",))
+    return init_device_mesh(device_type, (replicate, shard), mesh_dim_names=("dp_replicate", "dp_shard"))
+
+
+def fsdp_enabled(cfg: ParallelConfig, env: DistEnv) -> bool:
+    if cfg.fsdp not in ("auto", "on", "off"):
+        raise ValueError(f"parallel.fsdp must be auto, on or off; got {cfg.fsdp!r}")
+    if cfg.fsdp == "off" and env.distributed:
+        raise ValueError("parallel.fsdp=off needs world size 1 (data parallelism here is FSDP2/HSDP)")
+    return cfg.fsdp == "on" or (cfg.fsdp == "auto" and env.distributed)
+
+
+def apply_activation_checkpointing(model: nn.Module, which: str) -> int:
+    """Recompute chosen blocks in backward. `which`: 'none', 'full', or block symbols ('M', '*-').
+
+    The block's forward is wrapped in place, so parameter names (and checkpoints) stay the same
+    with and without activation checkpointing. Returns the number of wrapped blocks.
+    """
+    if which == "none":
+        return 0
+    unknown = set(which) - set("M*-") if which != "full" else set()
+    if unknown:
+        raise ValueError(
+            f"parallel.activation_checkpoint must be 'none', 'full' or block symbols from 'M*-'; got {which!r}"
+        )
+    wrapped = 0
+    for block in model.layers:
+        if which == "full" or block.symbol in which:
+            plain_forward = block.forward
+
+            def checkpointed_forward(*args, _plain_forward=plain_forward, **kwargs):
+                return checkpoint(_plain_forward, *args, use_reentrant=False, **kwargs)
+
+            block.forward = checkpointed_forward
+            wrapped += 1
+    return wrapped
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile every block separately: small graphs, fast compile, names unchanged."""
+    for block in model.layers:
+        block.compile()
+
+
+def apply_fsdp(model: nn.Module, env: DistEnv, cfg: ParallelConfig, param_dtype: torch.dtype) -> None:
+    """FSDP2: shard each block, then the root (embeddings, final norm, LM head)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = env.mesh
+    if mesh is None:  # parallel.fsdp=on at world size 1 (to test the FSDP path on one GPU)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            raise RuntimeError("FSDP at world size 1 needs a process group: launch with torchrun --nproc-per-node 1")
+        mesh = init_device_mesh(env.device.type, (1,), mesh_dim_names=("dp_shard",))
+        env.mesh = mesh
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=resolve_dtype(cfg.reduce_dtype, env.device))
+    blocks = list(model.layers)
+    for index, block in enumerate(blocks):
+        # The last block's parameters are needed first in backward: keep them gathered.
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < len(blocks) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> dict:
+    """Activation checkpointing, compile, FSDP2 in that order. Returns what was applied."""
+    param_dtype = resolve_dtype(cfg.param_dtype, env.device)
+    checkpointed = apply_activation_checkpointing(model, cfg.activation_checkpoint)
+    if cfg.compile:
+        apply_compile(model)
+    use_fsdp = fsdp_enabled(cfg, env)
+    if use_fsdp:
+        apply_fsdp(model, env, cfg, param_dtype)
+    return {
+        "fsdp": use_fsdp,
+        "param_dtype": str(param_dtype).replace("torch.", ""),
+        "activation_checkpointed_blocks": checkpointed,
+        "compiled": cfg.compile,
+        # Without FSDP, low-precision compute comes from autocast over fp32 master weights.
+        "autocast_dtype": None if use_fsdp or param_dtype == torch.float32 else param_dtype,
+    }
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """Average a tensor over all ranks (no-op at world size 1)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.AVG if tensor.device.type == "cuda" else dist.ReduceOp.SUM)
+        if tensor.device.type != "cuda":  # gloo has no AVG
+            tensor /= dist.get_world_size()
+    return tensor
+
+
+def broadcast_object(value, src: int = 0):
+    """Rank `src`'s value on every rank."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,101 @@
+"""Guards around the optimizer step: non-finite steps, loss spikes, preemption, OOM advice.
+
+- A step whose loss or global gradient norm is not finite is skipped (no optimizer update;
+  the batch is consumed) and counted. After `max_consecutive_skips` in a row the run saves a
+  checkpoint and halts with an error: something is wrong beyond a one-off bad batch.
+  The grad norm is the global one (reduced over ranks), so every rank decides alike.
+- A loss spike (loss > spike_factor x its running mean) is logged as an event, nothing more.
+- SIGTERM / SIGUSR1 (cluster preemption; SLURM sends them before the kill) set a flag; at the
+  next step boundary all ranks agree (max-reduce), save a checkpoint and exit cleanly.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+
+import torch
+import torch.distributed as dist
+
+
+class NonFiniteHalt(RuntimeError):
+    """Too many consecutive non-finite steps."""
+
+
+class StepGuard:
+    def __init__(self, max_consecutive_skips: int, spike_factor: float):
+        self.max_consecutive_skips = max_consecutive_skips
+        self.spike_factor = spike_factor
+        self.skipped_total = 0
+        self.skipped_in_a_row = 0
+        self._loss_mean = None
+        self._seen = 0
+
+    def accept(self, loss: float, grad_norm: float) -> bool:
+        """True when the update may be applied; counts skips otherwise."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.skipped_in_a_row = 0
+            return True
+        self.skipped_total += 1
+        self.skipped_in_a_row += 1
+        return False
+
+    def must_halt(self) -> bool:
+        return self.skipped_in_a_row >= self.max_consecutive_skips
+
+    def is_spike(self, loss: float) -> bool:
+        """Compare with the running mean (EMA over ~50 steps, armed after 10 steps), then update it."""
+        if not math.isfinite(loss):
+            return False
+        spike = self._seen >= 10 and loss > self.spike_factor * self._loss_mean
+        if not spike:  # a spike does not pull the mean up
+            self._loss_mean = loss if self._loss_mean is None else 0.98 * self._loss_mean + 0.02 * loss
+            self._seen += 1
+        return spike
+
+    def state_dict(self) -> dict:
+        return {"skipped_total": self.skipped_total, "skipped_in_a_row": self.skipped_in_a_row,
+                "loss_mean": self._loss_mean, "seen": self._seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.skipped_total = state["skipped_total"]
+        self.skipped_in_a_row = state["skipped_in_a_row"]
+        self._loss_mean = state["loss_mean"]
+        self._seen = state["seen"]
+
+
+class PreemptionFlag:
+    """Set by SIGTERM/SIGUSR1; `requested()` is collective: every rank must call it each step."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.signal_name = None
+        self._previous = {}
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.signal_name = signal.Signals(signum).name
+
+    def requested(self) -> bool:
+        local = self.signal_name is not None
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([1 if local else 0], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            return bool(flag.item())
+        return local
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+OOM_ADVICE = (
+    "out of GPU memory. Knobs that reduce memory, roughly in order of cost: "
+    "train.micro_batch_size (smaller; raise gradient accumulation via train.global_batch_size), "
+    "parallel.activation_checkpoint=full (or 'M' / '-' for only Mamba or MLP blocks), "
+    "more GPUs with parallel.dp_shard (FSDP2 shards params, grads and Adam states), "
+    "data.seq_len (shorter sequences)."
+)

@@ -1,0 +1,199 @@
+"""Where numbers go: a JSONL file, W&B and a progress bar, all on rank 0.
+
+`<run dir>/metrics.jsonl`  one line per log step: step, tokens, loss, lr, grad_norm,
+                           tokens_per_s, step_time_s, mfu, ... (see loop.py)
+`<run dir>/events.jsonl`   one line per event: precision switch, skipped step, loss spike,
+                           checkpoint, preemption
+W&B                        the same metrics (x-axis `tokens` available), grouped by experiment,
+                           with the full resolved config. Offline by default; any failure of
+                           wandb (import, init, network) is reported once and reporting goes on
+                           without it: W&B never stops a run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+from trainer.config import TrainConfig
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/Inf; keep them visible rather than drop the line
+    return value
+
+
+class MetricsLogger:
+    """Rank-0 reporting. On other ranks every method is a no-op."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, is_main: bool, total_steps: int, start_step: int = 0):
+        self.is_main = is_main
+        self.run_dir = Path(run_dir)
+        self._wandb = None
+        self._bar = None
+        if not is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self._events = open(self.run_dir / "events.jsonl", "a", buffering=1)
+        if cfg.logging.progress_bar:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc=cfg.name or "train", unit="step",
+                             dynamic_ncols=True)
+        self._wandb = _start_wandb(cfg, self.run_dir)
+
+    def log(self, step: int, metrics: dict) -> None:
+        if not self.is_main:
+            return
+        line = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(line) + "\n")
+        if self._wandb is not None:
+            try:
+                self._wandb.log({f"train/{k}" if k not in ("tokens",) else k: v for k, v in metrics.items()
+                                 if isinstance(v, (int, float))}, step=step)
+            except Exception as error:  # noqa: BLE001 - W&B must never stop training
+                self._disable_wandb(error)
+        if self._bar is not None:
+            postfix = {"loss": f"{metrics['loss']:.4f}"}
+            if metrics.get("tokens_per_s"):
+                postfix["tok/s"] = f"{metrics['tokens_per_s']:,.0f}"
+            if metrics.get("mfu") is not None:
+                postfix["mfu"] = f"{100 * metrics['mfu']:.1f}%"
+            self._bar.set_postfix(postfix, refresh=False)
+
+    def advance(self, steps: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(steps)
+
+    def event(self, step: int, name: str, **fields) -> None:
+        if not self.is_main:
+            return
+        line = {"step": step, "event": name, "time": time.time(), **{k: _jsonable(v) for k, v in fields.items()}}
+        self._events.write(json.dumps(line) + "\n")
+        message = f"[step {step}] {name}: " + ", ".join(f"{k}={v}" for k, v in fields.items())
+        if self._bar is not None:
+            self._bar.write(message)
+        else:
+            print(message, flush=True)
+        if self._wandb is not None:
+            try:
+                self._wandb.log({f"events/{name}": 1}, step=step)
+            except Exception as error:  # noqa: BLE001
+                self._disable_wandb(error)
+
+    def summary(self, values: dict) -> None:
+        """Final or static values: W&B summary and a line in events.jsonl."""
+        if not self.is_main:
+            return
+        if self._wandb is not None:
+            try:
+                self._wandb.summary.update(values)
+            except Exception as error:  # noqa: BLE001
+                self._disable_wandb(error)
+
+    def log_config_extra(self, values: dict) -> None:
+        """Extra config entries (e.g. the precision plan) added to the W&B run config."""
+        if self.is_main and self._wandb is not None:
+            try:
+                self._wandb.config.update(values, allow_val_change=True)
+            except Exception as error:  # noqa: BLE001
+                self._disable_wandb(error)
+
+    def _disable_wandb(self, error: Exception) -> None:
+        warnings.warn(f"W&B reporting stopped ({type(error).__name__}: {error}); metrics.jsonl continues")
+        self._wandb = None
+
+    def close(self) -> None:
+        if not self.is_main:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        self._metrics.close()
+        self._events.close()
+        if self._wandb is not None:
+            try:
+                self._wandb.finish()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _start_wandb(cfg: TrainConfig, run_dir: Path):
+    """wandb.init with our config; None (and one warning) if disabled or anything fails."""
+    settings = cfg.logging.wandb
+    if settings.mode == "disabled":
+        return None
+    if settings.mode not in ("online", "offline"):
+        raise ValueError(f"logging.wandb.mode must be online, offline or disabled; got {settings.mode!r}")
+    try:
+        import wandb
+    except Exception as error:  # noqa: BLE001
+        warnings.warn(f"wandb is not importable ({error}); reporting to metrics.jsonl only")
+        return None
+    # One W&B run per run directory: a resumed run continues the same W&B run.
+    id_file = run_dir / "wandb_run_id.txt"
+    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+    id_file.write_text(run_id)
+    try:
+        run = wandb.init(
+            project=settings.project,
+            entity=settings.entity,
+            group=settings.group or cfg.name,
+            name=settings.name or f"{cfg.name}-{cfg.precision.name}-{run_id}",
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            mode=settings.mode,
+            config=asdict(cfg),
+            settings=wandb.Settings(init_timeout=60, silent=True, console="off"),
+        )
+        run.define_metric("tokens")
+        run.define_metric("train/*", step_metric="tokens", step_sync=True)
+        return run
+    except Exception as error:  # noqa: BLE001 - unreachable service, bad key...: train anyway
+        warnings.warn(f"W&B could not start ({type(error).__name__}: {error}); reporting to metrics.jsonl only")
+        return None
+
+
+class Throughput:
+    """Tokens/s and step time over the last log interval (synchronizes CUDA once per interval)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self._sync()
+        self._start = time.perf_counter()
+        self._tokens = 0
+        self._steps = 0
+
+    def add(self, tokens: int) -> None:
+        self._tokens += tokens
+        self._steps += 1
+
+    def read(self) -> dict:
+        self._sync()
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        values = {"tokens_per_s": self._tokens / elapsed, "step_time_s": elapsed / max(self._steps, 1)}
+        self.reset()
+        return values
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def mfu(tokens_per_s_per_gpu: float, flops_per_token: float, peak_flops: Optional[float]) -> Optional[float]:
+    """Model FLOPs utilization: model FLOPs/s per GPU over the GPU's dense BF16 peak."""
+    if not peak_flops:
+        return None
+    return tokens_per_s_per_gpu * flops_per_token / peak_flops
