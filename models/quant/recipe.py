@@ -34,7 +34,7 @@ from models.quant.config import BACKENDS, FORMATS, PrecisionConfig
 
 GEMMS = ("fprop", "dgrad", "wgrad")
 # Divisibility each format needs of a linear's in/out features (block or tile edge).
-BLOCK_EDGE = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32, "fp8_block": 128, "fp8_tensor": 1}
+BLOCK_EDGE = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32, "fp8_block": 128, "fp8_tensor": 16}
 _BLOCK_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -72,6 +72,7 @@ class PrecisionPlan:
     notes: List[str] = field(default_factory=list)
     switched: bool = False
     te_autocast: Optional[object] = None  # te backend: the switch flips its `enabled`
+    _generators: Dict[int, torch.Generator] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
@@ -122,11 +123,22 @@ class PrecisionPlan:
 
     # ------------------------------------------------------------------ during training
     def set_step(self, step: int) -> None:
-        """Tell quantized modules the optimizer step (seeds stochastic rounding reproducibly)."""
-        for module in self.modules.values():
-            setter = getattr(module, "set_step", None)
-            if setter is not None:
-                setter(step)
+        """Re-seed each layer's stochastic-rounding generator from (seed, layer, step, rank).
+
+        Every draw is then a function of the step, so a resumed run rounds exactly as an
+        uninterrupted one, and data-parallel ranks (different data) draw independently.
+        """
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        for index, module in enumerate(self.modules.values()):
+            if hasattr(module, "set_step"):
+                module.set_step(step)
+            elif hasattr(module, "generator"):  # QuantLinear: SR draws come from module.generator
+                device = module.weight.device
+                if self._generators.get(index) is None or self._generators[index].device != device:
+                    self._generators[index] = torch.Generator(device=device)
+                generator = self._generators[index]
+                generator.manual_seed(_mix_seed(self.cfg.seed, index, step, rank))
+                module.generator = generator
 
     def maybe_switch(self, step: int, tokens: int) -> Optional[dict]:
         """Late switch to BF16 (paper, App. D) once step/tokens reach the configured point."""
@@ -150,9 +162,10 @@ class PrecisionPlan:
             self.te_autocast.enabled = False
             gemms = GEMMS
         for module in self.modules.values():
-            high_precision = getattr(module, "set_high_precision", None)
-            if high_precision is not None:
-                high_precision(gemms)
+            if hasattr(module, "set_high_precision"):
+                module.set_high_precision(gemms)
+            elif hasattr(module, "spec"):  # QuantLinear: a spec with those GEMMs in high precision
+                module.spec = module.spec.switched_to_high_precision(mode)
         for layer in self.layers:
             if layer.name in self.modules:
                 for gemm in gemms:
@@ -247,15 +260,33 @@ def resolve_backend(cfg: PrecisionConfig, device: torch.device) -> str:
         if cfg.format not in ("fp8_block", "fp8_tensor"):
             raise ValueError(f"precision.backend=torch runs FP8 formats (fp8_block, fp8_tensor), not {cfg.format}; "
                              "use backend=emulated or te")
-        if capability is None or capability < (9, 0):
-            raise RuntimeError("precision.backend=torch needs a CUDA GPU of compute capability 9.0+ (Hopper or newer)")
+        if not _torch_fp8_runs(cfg.format, capability):
+            raise RuntimeError("precision.backend=torch runs fp8_block on Hopper (compute capability 9.x; PyTorch's "
+                               "blockwise FP8 GEMM is SM 9.x only) and fp8_tensor on 8.9+; this device "
+                               f"is {capability}")
         return "torch"
     # auto
     if te_backend.has_te() and te_backend.supported_reason(cfg, capability) is None:
         return "te"
-    if cfg.format in ("fp8_block", "fp8_tensor") and capability is not None and capability >= (9, 0):
+    if _torch_fp8_runs(cfg.format, capability):
         return "torch"
     return "emulated"
+
+
+def _torch_fp8_runs(fmt: str, capability: Optional[tuple]) -> bool:
+    """Where torch._scaled_mm runs the format natively (blockwise: Hopper only in PyTorch)."""
+    if capability is None:
+        return False
+    if fmt == "fp8_block":
+        return capability[0] == 9
+    return fmt == "fp8_tensor" and capability >= (8, 9)
+
+
+def _mix_seed(seed: int, layer: int, step: int, rank: int) -> int:
+    """A 63-bit seed from the run seed, layer index, step and rank (splitmix-style mixing)."""
+    value = (seed * 0x9E3779B97F4A7C15 + layer * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB + rank) % (1 << 64)
+    value ^= value >> 31
+    return value % (1 << 63)
 
 
 def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[torch.device] = None) -> PrecisionPlan:
@@ -293,9 +324,8 @@ def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[tor
         parent_name, _, child = layer.name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         converted = make(getattr(parent, child), layer)
-        seed = (cfg.seed * 1_000_003 + len(plan.modules)) % (2**31)
         if hasattr(converted, "set_seed"):
-            converted.set_seed(seed)  # a distinct stochastic-rounding stream per layer
+            converted.set_seed(_mix_seed(cfg.seed, len(plan.modules), 0, 0))
         setattr(parent, child, converted)
         plan.modules[layer.name] = converted
     return plan

@@ -1,0 +1,444 @@
+"""Block-scaled low-precision formats: quantize and dequantize, emulated bit for bit in fp32.
+
+Every tensor is treated as 2D: leading dims are flattened into rows, blocks (tiles) run along the
+last dim unless a 2D tile says otherwise. A dim that does not divide the tile raises ValueError;
+nothing is ever padded. All arithmetic is fp32, in the order written below.
+
+nvfp4 (Transformer Engine ``core_nvfp4.cuh``; E2M1 elements, E4M3 block scales, fp32 tensor scale)
+    amax    = max |x| over the tensor
+    S_enc   = min(448 * 6 / amax, FLT_MAX);  S_enc = 1 if amax == 0 or S_enc == 0
+    s_b     = e4m3(block_amax * (S_enc * (1/6)))          RNE, saturating at 448
+    r_b     = min(1 / (fp32(s_b) * (1 / S_enc)), FLT_MAX)
+    q       = e2m1(x * r_b)                                RNE or stochastic, saturating at 6
+    x_hat   = q * fp32(s_b) * (1 / S_enc)
+  tiles (1, 16) (default) or (16, 16) (one scale per 16x16 tile, "2D").
+
+mxfp4 / mxfp8 (OCP Microscaling Formats v1.0, section 6.3; E2M1 / E4M3 elements, E8M0 scales)
+    X       = 2 ** clamp(floor(log2(block_amax)) - emax_elem, -127, 127)     emax_elem = 2 (E2M1), 8 (E4M3)
+    q       = element(x / X)                               RNE, saturating (6 or 448)
+    x_hat   = q * X
+  An all-zero block takes the smallest scale, 2^-127 (microxcaling's convention). tile (1, 32).
+  Note: TE's own MXFP8 rounds amax/448 *up* to a power of two (so nothing saturates); we follow
+  the OCP spec as the project asked.
+
+fp8_block (TE ``Float8BlockScaling``: ``recipe_common.cuh: compute_scale_from_amax``; E4M3
+elements, one fp32 scale per 1x128 (default) or 128x128 tile)
+    scale   = 1 if block_amax == 0, else 448 / block_amax
+    scale   = max finite value of the input dtype if that overflowed to inf
+    scale   = scale with its mantissa bits cleared (power of two, rounded down) if power_of_two_scales
+    q       = e4m3(x * scale)                              RNE, saturating
+    x_hat   = q * (1 / scale)                              (1/scale is what TE stores: scale_inv)
+
+fp8_tensor (TE ``Float8CurrentScaling``: one fp32 scale per tensor, E4M3)
+    scale   = 448 / amax (1 if amax == 0; FLT_MAX if it overflowed); q = e4m3(x * scale);
+    x_hat   = q * (1 / scale)
+
+Rounding. "nearest" is round-half-to-even onto the element grid, after saturating to the largest
+finite element. "stochastic" (E2M1 formats only) rounds |v| to one of its two neighbouring grid
+points lo <= |v| <= hi, up with probability (|v| - lo) / (hi - lo): one uniform u in [0, 1) per
+element, drawn as ``torch.rand(rows, cols, generator=generator)`` over the flattened 2D tensor in
+row-major order, and |v| rounds up iff u < (|v| - lo) / (hi - lo). Unbiased on the grid:
+E[q] = v for |v| <= 6.
+
+Non-finite input (a deliberate deviation from TE, which maps an Inf amax to S_enc = 1 and so clips
+Inf to +-6 * 448 without a word). Here a NaN or Inf in a scaling block makes that block's decode
+scale NaN, so the whole block dequantizes to NaN; for the formats with a per-tensor scale (nvfp4,
+fp8_tensor) a NaN or Inf anywhere makes the per-tensor decode scale NaN, so the whole tensor
+dequantizes to NaN. Nothing non-finite is ever clipped to a finite value. Element codes under a NaN
+scale are meaningless (E2M1 has no NaN code; they are stored as 0).
+
+Sources: TE ``transformer_engine/common/cast/nvfp4/core_nvfp4.cuh``,
+``transformer_engine/common/recipe/recipe_common.cuh``, ``transformer_engine/common/recipe/
+current_scaling.cu``, ``transformer_engine/pytorch/custom_recipes/quantization_nvfp4.py`` (reference
+quantizer), OCP MX v1.0 spec. The tests check every format element by element against ml_dtypes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+FORMATS = ("nvfp4", "mxfp4", "mxfp8", "fp8_block", "fp8_tensor")
+ROUNDINGS = ("nearest", "stochastic")
+
+# Tiles as (rows, cols); None is one scale for the whole tensor.
+DEFAULT_TILES = {
+    "nvfp4": (1, 16),
+    "mxfp4": (1, 32),
+    "mxfp8": (1, 32),
+    "fp8_block": (1, 128),
+    "fp8_tensor": None,
+}
+ALLOWED_TILES = {
+    "nvfp4": ((1, 16), (16, 16)),
+    "mxfp4": ((1, 32),),
+    "mxfp8": ((1, 32),),
+    "fp8_block": ((1, 128), (128, 128)),
+    "fp8_tensor": (None,),
+}
+# Formats whose elements are E2M1 (the others are E4M3).
+E2M1_FORMATS = ("nvfp4", "mxfp4")
+
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+FLT_MAX = torch.finfo(torch.float32).max
+# E2M1 magnitudes by code (bits s e e m: code & 7 indexes this table, code & 8 is the sign).
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Largest exponent of the element format (emax_elem in the OCP MX spec).
+MX_ELEMENT_EMAX = {"mxfp4": 2, "mxfp8": 8}
+E8M0_BIAS = 127
+E8M0_NAN_CODE = 255
+
+_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _fp32(value: float, device) -> torch.Tensor:
+    """A 0-dim fp32 constant: keeps every scalar op in fp32, as the CUDA code does."""
+    return torch.tensor(value, dtype=torch.float32, device=device)
+
+
+def resolve_tile(fmt: str, tile) -> Optional[Tuple[int, int]]:
+    """The tile a format uses: the default when ``tile`` is None; ValueError if not allowed."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+    if tile is None:
+        return DEFAULT_TILES[fmt]
+    tile = tuple(int(t) for t in tile)
+    if tile not in ALLOWED_TILES[fmt]:
+        raise ValueError(f"format {fmt!r} does not support tile {tile}; allowed: {ALLOWED_TILES[fmt]}")
+    return tile
+
+
+def check_blockable(
+    shape, fmt: str, tile, *, name: Optional[str] = None, dim_names: Optional[Tuple[str, str]] = None
+) -> None:
+    """Raise ValueError (naming ``name`` and the dim) unless ``shape`` divides into ``fmt`` tiles.
+
+    Blocks run along the last dim; a 2D tile also needs the flattened leading dims to divide.
+    ``dim_names`` (leading, last), e.g. ("out_features", "tokens"), label the dims in the message.
+    """
+    tile = resolve_tile(fmt, tile)
+    where = f"{name}: " if name else ""
+    leading_label = f" ({dim_names[0]})" if dim_names else ""
+    last_label = f" ({dim_names[1]})" if dim_names else ""
+    shape = tuple(shape)
+    if len(shape) == 0:
+        raise ValueError(f"{where}cannot quantize a 0-dim tensor to {fmt}")
+    cols = shape[-1]
+    rows = 1
+    for dim in shape[:-1]:
+        rows *= dim
+    if rows * cols == 0:
+        raise ValueError(f"{where}cannot quantize an empty tensor of shape {list(shape)} to {fmt}")
+    if tile is None:
+        return
+    if cols % tile[1] != 0:
+        raise ValueError(
+            f"{where}last dim{last_label} {cols} (shape {list(shape)}) is not a multiple of the {fmt} block "
+            f"length {tile[1]} (tile {tile[0]}x{tile[1]}); nothing is padded: change the size or keep "
+            f"this tensor in high precision"
+        )
+    if rows % tile[0] != 0:
+        raise ValueError(
+            f"{where}leading dim{leading_label} {rows} (shape {list(shape)}, leading dims flattened) is not a multiple "
+            f"of the {fmt} tile height {tile[0]} (tile {tile[0]}x{tile[1]}); nothing is padded"
+        )
+
+
+@dataclass
+class QuantizedTensor:
+    """A quantized tensor: the real element codes and scales, enough to dequantize exactly.
+
+    Shapes, with ``rows`` = product of the leading dims and ``cols`` = last dim, tile (tr, tc):
+    - ``codes``: [rows, cols]. E2M1 formats: uint8, one code per element in the low 4 bits
+      (bit 3 sign, bits 0-2 index ``E2M1_GRID``); ``packed_codes()`` gives two per byte.
+      E4M3 formats: torch.float8_e4m3fn.
+    - ``block_scales``: [rows / tr, cols / tc] decode scales: float8_e4m3fn (nvfp4),
+      float8_e8m0fnu (mxfp4, mxfp8), float32 ``1/scale`` (fp8_block); None for fp8_tensor.
+    - ``tensor_scale``: 0-dim fp32 per-tensor decode scale (nvfp4: 1/S_enc; fp8_tensor: 1/scale);
+      None for the formats without one.
+    """
+
+    fmt: str
+    codes: torch.Tensor
+    block_scales: Optional[torch.Tensor]
+    tensor_scale: Optional[torch.Tensor]
+    tile: Optional[Tuple[int, int]]
+    shape: torch.Size
+    """Shape of the tensor that was quantized (dequantize() returns this shape)."""
+    dtype: torch.dtype
+    """Dtype of the tensor that was quantized (dequantize()'s default)."""
+    power_of_two_scales: bool = False
+    """fp8_block only: whether the block scales were rounded down to powers of two."""
+
+    @property
+    def rows(self) -> int:
+        return self.codes.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.codes.shape[1]
+
+    def element_values(self) -> torch.Tensor:
+        """The grid values q as fp32, [rows, cols] (before any scale)."""
+        if self.fmt in E2M1_FORMATS:
+            grid = torch.tensor(E2M1_GRID, dtype=torch.float32, device=self.codes.device)
+            magnitude = grid[(self.codes & 7).long()]
+            return torch.where((self.codes & 8) != 0, -magnitude, magnitude)
+        return self.codes.float()
+
+    def block_scales_fp32(self) -> torch.Tensor:
+        """Per-block decode scales as fp32, broadcastable to the 4D blocked view [R/tr, 1, C/tc, 1]."""
+        if self.block_scales is None:
+            return torch.ones((1, 1, 1, 1), dtype=torch.float32, device=self.codes.device)
+        scales = self.block_scales.float()
+        return scales[:, None, :, None]
+
+    def _blocked(self, values: torch.Tensor) -> torch.Tensor:
+        return _blocked_view(values, self.tile)
+
+    def scaled_values(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """q * s_b without the per-tensor decode scale, in the original shape.
+
+        What a block-scaled GEMM multiplies before it applies the per-tensor scales to its fp32
+        output. Exact in bf16 for nvfp4, mxfp4/mxfp8 (outside the extreme exponents) and fp8_tensor,
+        and for fp8_block with power-of-two scales: see ``scaled_values_exact_in``.
+        """
+        values = self._blocked(self.element_values()) * self.block_scales_fp32()
+        return values.reshape(self.shape).to(dtype)
+
+    def scaled_values_exact_in(self, dtype: torch.dtype) -> bool:
+        """Whether ``scaled_values(dtype)`` is exact (q * s_b needs few significant bits)."""
+        if dtype == torch.float32:
+            return True
+        if self.fmt == "fp8_block":
+            return self.power_of_two_scales
+        return True
+
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """x_hat = (q * s_b) * tensor_scale in fp32, then cast to ``dtype`` (default: the input's)."""
+        values = self._blocked(self.element_values()) * self.block_scales_fp32()
+        if self.tensor_scale is not None:
+            values = values * self.tensor_scale
+        return values.reshape(self.shape).to(dtype or self.dtype)
+
+    def packed_codes(self) -> torch.Tensor:
+        """E2M1 codes two per byte, [rows, cols / 2] uint8: even column in the low nibble (TE's layout)."""
+        if self.fmt not in E2M1_FORMATS:
+            raise ValueError(f"packed_codes() is for E2M1 formats, not {self.fmt}")
+        return self.codes[:, 0::2] | (self.codes[:, 1::2] << 4)
+
+
+def _blocked_view(x2d: torch.Tensor, tile) -> torch.Tensor:
+    """View [R, C] as [R/tr, tr, C/tc, tc] (per-tensor: [1, R, 1, C]); block reductions use dims (1, 3)."""
+    rows, cols = x2d.shape
+    if tile is None:
+        return x2d.reshape(1, rows, 1, cols)
+    tile_rows, tile_cols = tile
+    return x2d.reshape(rows // tile_rows, tile_rows, cols // tile_cols, tile_cols)
+
+
+def _block_amax(blocked: torch.Tensor) -> torch.Tensor:
+    """max |x| per block (NaN if the block has a NaN), fp32, shape [R/tr, 1, C/tc, 1]."""
+    return blocked.abs().amax(dim=(1, 3), keepdim=True)
+
+
+def _round_e2m1(
+    scaled: torch.Tensor, rounding: str, uniform: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """E2M1 codes (uint8) of fp32 ``scaled``: saturate to 6, then RNE or stochastic rounding.
+
+    RNE thresholds (ties go to the even code): 0.25->0, 0.75->1.0, 1.25->1.0, 1.75->2.0,
+    2.5->2.0, 3.5->4.0, 5.0->4.0. NaN gets code 0 (its scale is NaN, so it decodes to NaN).
+    """
+    magnitude = scaled.abs().clamp(max=E2M1_MAX)  # NaN stays NaN; comparisons with NaN are False
+    if rounding == "nearest":
+        index = (
+            (magnitude > 0.25).to(torch.uint8)
+            + (magnitude >= 0.75)
+            + (magnitude > 1.25)
+            + (magnitude >= 1.75)
+            + (magnitude > 2.5)
+            + (magnitude >= 3.5)
+            + (magnitude > 5.0)
+        )
+    else:
+        # lo = largest grid point <= |v|; step to the next grid point; frac = (|v| - lo) / step is
+        # exact (Sterbenz: lo <= |v| < 2 lo, and step is a power of two).
+        lower = (
+            (magnitude >= 0.5).to(torch.uint8)
+            + (magnitude >= 1.0)
+            + (magnitude >= 1.5)
+            + (magnitude >= 2.0)
+            + (magnitude >= 3.0)
+            + (magnitude >= 4.0)
+            + (magnitude >= 6.0)
+        )
+        grid = torch.tensor(E2M1_GRID, dtype=torch.float32, device=scaled.device)
+        # 1 / (grid step above each grid point); 0 at the top so 6 never rounds up.
+        inverse_step = torch.tensor(
+            (2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 0.5, 0.0), dtype=torch.float32, device=scaled.device
+        )
+        lower_long = lower.long()
+        fraction = (magnitude - grid[lower_long]) * inverse_step[lower_long]
+        index = lower + (uniform < fraction).to(torch.uint8)
+    negative = torch.signbit(scaled) & ~torch.isnan(scaled)
+    return index | (negative.to(torch.uint8) << 3)
+
+
+def _round_e4m3(scaled: torch.Tensor) -> torch.Tensor:
+    """E4M3 (float8_e4m3fn) of fp32 ``scaled``: saturate to +-448, then RNE (torch's cast). NaN stays NaN."""
+    return scaled.clamp(min=-E4M3_MAX, max=E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def nvfp4_global_scales(amax: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(S_enc, S_dec = 1/S_enc) from the fp32 tensor amax, TE's order; NaN for a non-finite amax."""
+    device = amax.device
+    encode = _fp32(E4M3_MAX * E2M1_MAX, device) / amax
+    encode = torch.minimum(encode, _fp32(FLT_MAX, device))
+    encode = torch.where((amax == 0) | (encode == 0), _fp32(1.0, device), encode)
+    encode = torch.where(torch.isfinite(amax), encode, _fp32(float("nan"), device))
+    decode = _fp32(1.0, device) / encode
+    return encode, decode
+
+
+def _quantize_nvfp4(x2d, tile, rounding, uniform):
+    device = x2d.device
+    blocked = _blocked_view(x2d.float(), tile)
+    amax = x2d.float().abs().amax()
+    encode, decode = nvfp4_global_scales(amax)
+    block_amax = _block_amax(blocked)
+    block_scale = (block_amax * (encode * _fp32(1.0 / E2M1_MAX, device))).clamp(max=E4M3_MAX)
+    block_scale = block_scale.to(torch.float8_e4m3fn)
+    reciprocal = _fp32(1.0, device) / (block_scale.float() * decode)
+    reciprocal = torch.minimum(reciprocal, _fp32(FLT_MAX, device))
+    scaled = blocked * reciprocal
+    codes = _round_e2m1(scaled, rounding, None if uniform is None else _blocked_view(uniform, tile))
+    return codes, block_scale[:, 0, :, 0], decode
+
+
+def _quantize_mx(x2d, fmt, tile, rounding, uniform):
+    blocked = _blocked_view(x2d.float(), tile)
+    block_amax = _block_amax(blocked)
+    # floor(log2(amax)) = frexp exponent - 1 (frexp: amax = m * 2^e with m in [0.5, 1)); exact,
+    # subnormals included.
+    _, exponent = torch.frexp(block_amax)
+    shared = (exponent - 1 - MX_ELEMENT_EMAX[fmt]).clamp(-E8M0_BIAS, E8M0_BIAS)
+    shared = torch.where(block_amax == 0, torch.full_like(shared, -E8M0_BIAS), shared)
+    scale_code = torch.where(
+        torch.isfinite(block_amax), shared + E8M0_BIAS, torch.full_like(shared, E8M0_NAN_CODE)
+    )
+    block_scale = scale_code.to(torch.uint8).view(torch.float8_e8m0fnu)
+    scaled = blocked / block_scale.float()  # division by a power of two (or NaN): exact
+    if fmt == "mxfp4":
+        codes = _round_e2m1(scaled, rounding, None if uniform is None else _blocked_view(uniform, tile))
+    else:
+        codes = _round_e4m3(scaled)
+    return codes, block_scale[:, 0, :, 0]
+
+
+def _fp8_scale_from_amax(amax, *, power_of_two: bool, value_for_inf: float):
+    """TE's compute_scale_from_amax (epsilon 0) in fp32; returns (scale, decode scale = 1/scale).
+
+    Deviation: a non-finite amax gives a NaN decode scale (TE: scale 1, which clips Inf).
+    """
+    device = amax.device
+    one = _fp32(1.0, device)
+    scale = _fp32(E4M3_MAX, device) / amax
+    scale = torch.where(torch.isinf(scale), _fp32(value_for_inf, device), scale)
+    scale = torch.where((amax == 0) | ~torch.isfinite(amax), one, scale)
+    if power_of_two:
+        # Clear the mantissa bits (sign and exponent kept): rounds down to a power of two.
+        scale = (scale.view(torch.int32) & -0x800000).view(torch.float32)
+    decode = one / scale
+    decode = torch.where(torch.isfinite(amax), decode, _fp32(float("nan"), device))
+    return scale, decode
+
+
+def _quantize_fp8_scaled(x2d, tile, power_of_two, value_for_inf):
+    blocked = _blocked_view(x2d.float(), tile)
+    amax = _block_amax(blocked)
+    scale, decode = _fp8_scale_from_amax(amax, power_of_two=power_of_two, value_for_inf=value_for_inf)
+    codes = _round_e4m3(blocked * scale)
+    return codes, decode
+
+
+def quantize(
+    x: torch.Tensor,
+    fmt: str,
+    *,
+    tile=None,
+    rounding: str = "nearest",
+    generator: Optional[torch.Generator] = None,
+    power_of_two_scales: bool = True,
+    name: Optional[str] = None,
+) -> QuantizedTensor:
+    """Quantize ``x`` (fp32/bf16/fp16, any shape, blocks along the last dim) to ``fmt``.
+
+    ``tile``: None for the format's default, else one of ``ALLOWED_TILES[fmt]``.
+    ``rounding``: "nearest" (RNE) or "stochastic" (E2M1 formats; uniforms from ``generator``,
+    torch's global RNG when None). ``power_of_two_scales``: fp8_block only. ``name`` (e.g. the
+    layer) prefixes shape errors.
+    """
+    tile = resolve_tile(fmt, tile)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; expected one of {ROUNDINGS}")
+    if rounding == "stochastic" and fmt not in E2M1_FORMATS:
+        raise ValueError(f"stochastic rounding is implemented for E2M1 formats {E2M1_FORMATS}, not {fmt!r}")
+    if x.dtype not in _INPUT_DTYPES:
+        where = f"{name}: " if name else ""
+        raise TypeError(f"{where}cannot quantize dtype {x.dtype}; expected one of {_INPUT_DTYPES}")
+    check_blockable(x.shape, fmt, tile, name=name)
+    x2d = x.reshape(-1, x.shape[-1])
+    uniform = None
+    if rounding == "stochastic":
+        uniform = torch.rand(x2d.shape, generator=generator, device=x.device, dtype=torch.float32)
+
+    tensor_scale = None
+    if fmt == "nvfp4":
+        codes, block_scales, tensor_scale = _quantize_nvfp4(x2d, tile, rounding, uniform)
+    elif fmt in ("mxfp4", "mxfp8"):
+        codes, block_scales = _quantize_mx(x2d, fmt, tile, rounding, uniform)
+    elif fmt == "fp8_block":
+        codes, decode = _quantize_fp8_scaled(
+            x2d, tile, power_of_two_scales, float(torch.finfo(x.dtype).max)
+        )
+        block_scales = decode[:, 0, :, 0]
+    else:  # fp8_tensor
+        codes, decode = _quantize_fp8_scaled(x2d, None, False, FLT_MAX)
+        block_scales = None
+        tensor_scale = decode.reshape(())
+    return QuantizedTensor(
+        fmt=fmt,
+        codes=codes.reshape(x2d.shape),
+        block_scales=block_scales,
+        tensor_scale=tensor_scale,
+        tile=tile,
+        shape=x.shape,
+        dtype=x.dtype,
+        power_of_two_scales=(fmt == "fp8_block" and power_of_two_scales),
+    )
+
+
+def fake_quantize(
+    x: torch.Tensor,
+    fmt: str,
+    *,
+    tile=None,
+    rounding: str = "nearest",
+    generator: Optional[torch.Generator] = None,
+    power_of_two_scales: bool = True,
+    name: Optional[str] = None,
+) -> torch.Tensor:
+    """``quantize(x, ...).dequantize()``: x's shape and dtype, every value on the format's grid."""
+    return quantize(
+        x,
+        fmt,
+        tile=tile,
+        rounding=rounding,
+        generator=generator,
+        power_of_two_scales=power_of_two_scales,
+        name=name,
+    ).dequantize()

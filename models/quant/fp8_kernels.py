@@ -1,0 +1,266 @@
+"""Triton kernel for blockwise FP8 (E4M3) quantization: one read of a tensor, both orientations out.
+
+What it computes is exactly ``models.quant.formats.quantize(..., "fp8_block")`` (TE
+``Float8BlockScaling``, ``recipe_common.cuh: compute_scale_from_amax`` with epsilon 0), in fp32:
+
+    amax    = max |x| over the block                      (NaN counts as +Inf)
+    scale   = 448 / amax;  scale = max finite value of x's dtype if that is +Inf
+    scale   = 1 if amax == 0 or amax is not finite
+    scale   = scale with its 23 mantissa bits cleared     (power_of_two: round down to 2^k)
+    decode  = 1 / scale;   decode = NaN if amax is not finite
+    code    = e4m3(clamp(x * scale, -448, 448))           round half to even
+
+Tiles of 128x128 elements, one program each, grid (ceil(rows / 128), cols / 128). Per tile:
+- 1D mode (activations, gradients): the 1x128 blocks along each row (the "rows" output: the
+  operand ``x`` itself, [rows, cols], blocks along cols) and the 128x1 blocks along each column
+  (the "columns" output: the operand ``x^T``, written transposed as [cols, rows], blocks along rows).
+  One read of x feeds both, as TE's cast-transpose kernels do for X (Fprop and Wgrad) and dY
+  (Dgrad and Wgrad).
+- 2D mode (weights): one scale for the whole 128x128 tile; "rows" is W [rows, cols] and "columns"
+  is W^T [cols, rows] with the same codes transposed, which is exactly quantize(W^T) (a square tile
+  is the same tile of the transpose).
+
+Outputs are written straight into the layouts ``torch.nn.functional.scaled_mm`` takes on Hopper
+(cuBLASLt's DeepSeek-style block scaling), so nothing is copied afterwards. For an operand
+``A [m, r]`` (reduction dim r last, row-major):
+- codes: float8_e4m3fn [m, r], contiguous.
+- 1x128 decode scales: shape [m, r/128], strides (1, m) ("outer-dim-major"): storage [r/128, m].
+- 128x128 decode scales: shape [L4, m/128], strides (1, L4) with L4 = round_up(r/128, 4):
+  storage [m/128, L4] whose columns r/128 .. L4-1 are zero padding cuBLASLt asks for.
+
+Exactness: the two divisions are ``tl.math.div_rn`` (IEEE round-to-nearest, as torch's ``/``);
+``x * scale`` is a single fp32 multiply; E4M3 rounding is done arithmetically (``_e4m3_code``:
+saturate, RNE by the add-and-subtract trick, code bits assembled from the rounded value) rather
+than by the backend's fp8 cast, so the codes do not depend on how a Triton version lowers that
+cast (its interpreter, for one, mis-rounds carries into the next binade); launches pass
+``enable_fp_fusion=False`` (no contraction of the add-subtract) and ``enable_reflect_ftz=False``
+(subnormal inputs are not flushed: a block of tiny values takes the huge-scale path, as in torch).
+``models.quant.fp8_torch.quantize_reference`` is the plain-torch reference; the GPU tests check bit
+identity on fresh inputs (and the Triton interpreter, TRITON_INTERPRET=1, runs the kernel on CPU).
+
+Triton is imported only through ``models.quant.kernels`` (the one import site in models.quant);
+its switch ``kernels.use_triton(False)`` also turns this kernel off.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import torch
+
+from models.quant import kernels as _triton_site
+
+triton = _triton_site.triton
+tl = _triton_site.tl
+
+BLOCK = 128
+# Triton's interpreter (TRITON_INTERPRET=1) runs the kernel on CPU tensors: slow, for debugging.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+NUM_WARPS = 8
+"""Warps per 128x128 tile program (scripts/bench_fp8_linear.py times 4, 8 and 16)."""
+
+
+def enabled() -> bool:
+    """Whether the fused kernel may run (Triton imported and the models.quant switch on)."""
+    return _triton_site.enabled()
+
+
+def supports(x: torch.Tensor) -> bool:
+    """Whether ``x`` can go through the kernel: switched on, CUDA, bf16/fp16/fp32, 2D."""
+    return enabled() and x.is_cuda and x.dtype in KERNEL_INPUT_DTYPES and x.ndim == 2
+
+
+def round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+if triton is not None:
+
+    @triton.jit
+    def _nan_fp32():
+        return tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _inf_fp32():
+        return tl.full([], 0x7F800000, tl.int32).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _scale_and_decode(amax, value_for_inf, POWER_OF_TWO: tl.constexpr):
+        """(scale, decode) of fp32 block amax >= 0 (+Inf for NaN/Inf blocks), TE's order."""
+        flt_max = 3.4028234663852886e38
+        scale = tl.math.div_rn(tl.full(amax.shape, 448.0, tl.float32), amax)
+        scale = tl.where(scale > flt_max, value_for_inf, scale)
+        scale = tl.where((amax == 0.0) | (amax > flt_max), 1.0, scale)
+        if POWER_OF_TWO:
+            scale = (scale.to(tl.int32, bitcast=True) & -8388608).to(tl.float32, bitcast=True)
+        decode = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), scale)
+        decode = tl.where(amax > flt_max, _nan_fp32(), decode)
+        return scale, decode
+
+    @triton.jit
+    def _e4m3_code(value):
+        """uint8 E4M3 code of fp32 value: saturate to +-448 (NaN kept), round half to even, sign kept.
+
+        RNE to 3 mantissa bits by (|v| + C) - C with C = 2^(e + 20) for |v| in [2^e, 2^(e+1)) (fp32's
+        quantum at C is E4M3's at |v|), C = 2^14 in E4M3's subnormal range (quantum 2^-9); a carry
+        into the next binade comes out right because the code is assembled from the rounded value.
+        """
+        magnitude = tl.abs(value)
+        magnitude = tl.where(magnitude > 448.0, 448.0, magnitude)
+        biased_exponent = (magnitude.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        magic = (tl.maximum(biased_exponent + 20, 141) << 23).to(tl.float32, bitcast=True)
+        rounded = (magnitude + magic) - magic
+        bits = rounded.to(tl.int32, bitcast=True)
+        normal = ((((bits >> 23) & 0xFF) - 120) << 3) | ((bits >> 20) & 7)
+        subnormal = (rounded * 512.0).to(tl.int32)
+        code = tl.where(rounded >= 0.015625, normal, subnormal)
+        code = tl.where(magnitude == magnitude, code, 0x7F)
+        sign = (value.to(tl.int32, bitcast=True) >> 24) & 0x80
+        return (code | sign).to(tl.uint8)
+
+    @triton.jit
+    def _fp8_block_quantize_kernel(
+        x_ptr, stride_x_row, stride_x_col, rows, cols,
+        row_codes_ptr, row_scales_ptr, row_scale_stride_row, row_scale_stride_block,
+        col_codes_ptr, col_scales_ptr, col_scale_stride_col, col_scale_stride_block,
+        value_for_inf,
+        TILE_2D: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLUMNS: tl.constexpr,
+        ROWS_POWER_OF_TWO: tl.constexpr, COLUMNS_POWER_OF_TWO: tl.constexpr,
+        MASK_ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        tile_row = tl.program_id(0)
+        tile_col = tl.program_id(1)
+        row_index = tile_row * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+        col_index = tile_col * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+        row_64 = row_index.to(tl.int64)
+        col_64 = col_index.to(tl.int64)
+        x_offsets = row_64[:, None] * stride_x_row + col_64[None, :] * stride_x_col
+        row_offsets = row_64[:, None] * cols + col_64[None, :]  # rows output [rows, cols]
+        col_offsets = col_64[:, None] * rows + row_64[None, :]  # columns output [cols, rows]
+        row_valid = row_index < rows
+        if MASK_ROWS:  # rows-only 1D mode with rows % 128 != 0: the tail rows are masked
+            x = tl.load(x_ptr + x_offsets, mask=row_valid[:, None], other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + x_offsets).to(tl.float32)
+        magnitude = tl.abs(x)
+        magnitude = tl.where(magnitude == magnitude, magnitude, _inf_fp32())  # NaN -> +Inf: never lost by max
+
+        if TILE_2D:
+            amax = tl.max(tl.max(magnitude, axis=1), axis=0)
+            if WRITE_ROWS:
+                scale, decode = _scale_and_decode(amax, value_for_inf, ROWS_POWER_OF_TWO)
+                tl.store(row_codes_ptr + row_offsets, _e4m3_code(x * scale))
+                tl.store(row_scales_ptr + tile_row * row_scale_stride_row + tile_col * row_scale_stride_block, decode)
+            if WRITE_COLUMNS:
+                scale, decode = _scale_and_decode(amax, value_for_inf, COLUMNS_POWER_OF_TWO)
+                tl.store(col_codes_ptr + col_offsets, tl.trans(_e4m3_code(x * scale)))
+                tl.store(col_scales_ptr + tile_col * col_scale_stride_col + tile_row * col_scale_stride_block, decode)
+        else:
+            if WRITE_ROWS:
+                scale, decode = _scale_and_decode(tl.max(magnitude, axis=1), value_for_inf, ROWS_POWER_OF_TWO)
+                codes = _e4m3_code(x * scale[:, None])
+                scale_offsets = row_64 * row_scale_stride_row + tile_col * row_scale_stride_block
+                if MASK_ROWS:
+                    tl.store(row_codes_ptr + row_offsets, codes, mask=row_valid[:, None])
+                    tl.store(row_scales_ptr + scale_offsets, decode, mask=row_valid)
+                else:
+                    tl.store(row_codes_ptr + row_offsets, codes)
+                    tl.store(row_scales_ptr + scale_offsets, decode)
+            if WRITE_COLUMNS:
+                scale, decode = _scale_and_decode(tl.max(magnitude, axis=0), value_for_inf, COLUMNS_POWER_OF_TWO)
+                codes = _e4m3_code(x * scale[None, :])  # [BLOCK rows, BLOCK cols], blocks along rows
+                tl.store(col_codes_ptr + col_offsets, tl.trans(codes))
+                tl.store(col_scales_ptr + col_64 * col_scale_stride_col + tile_row * col_scale_stride_block, decode)
+
+
+def _value_for_inf(dtype: torch.dtype) -> float:
+    """TE's replacement for an infinite scale: the largest finite value of the input's dtype."""
+    return float(torch.finfo(dtype).max)
+
+
+def _scales_1x128(operand_rows: int, reduction: int, device) -> torch.Tensor:
+    """Uninitialized 1x128 decode scales of an operand [operand_rows, reduction] in GEMM layout."""
+    return torch.empty(reduction // BLOCK, operand_rows, dtype=torch.float32, device=device).t()
+
+
+def _scales_128x128(operand_rows: int, reduction: int, device) -> torch.Tensor:
+    """Zeroed 128x128 decode scales of an operand [operand_rows, reduction] in GEMM layout."""
+    padded = round_up(reduction // BLOCK, 4)
+    return torch.zeros(operand_rows // BLOCK, padded, dtype=torch.float32, device=device).t()
+
+
+def fp8_block_quantize(
+    x: torch.Tensor,
+    *,
+    tile_2d: bool,
+    rows: bool,
+    columns: bool,
+    rows_power_of_two: bool = True,
+    columns_power_of_two: bool = True,
+    num_warps: Optional[int] = None,
+    name: Optional[str] = None,
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Quantize x [R, C] (CUDA, bf16/fp16/fp32, any strides) to blockwise E4M3 in one pass.
+
+    ``tile_2d=False``: ``rows`` gives x's 1x128 blocks along C, ``columns`` x^T's 1x128 blocks
+    along R. ``tile_2d=True``: 128x128 tiles, ``rows`` for x and ``columns`` for x^T.
+    Returns (row_codes [R, C], row_scales, column_codes [C, R], column_scales), None where not
+    asked, scales in the GEMM layouts of the module docstring. C must divide by 128; R too, except
+    for the rows-only 1D mode (tail rows are masked, nothing is padded).
+    """
+    where = f"{name}: " if name else ""
+    if triton is None:
+        raise RuntimeError(f"{where}fp8_block_quantize needs Triton; {_triton_site.INSTALL_HINT}")
+    if not (x.is_cuda or _INTERPRETING) or x.ndim != 2 or x.dtype not in KERNEL_INPUT_DTYPES:
+        raise ValueError(f"{where}fp8_block_quantize takes a 2D CUDA tensor of {KERNEL_INPUT_DTYPES}, "
+                         f"got {x.dtype} {list(x.shape)} on {x.device}")
+    if not (rows or columns):
+        raise ValueError(f"{where}fp8_block_quantize: ask for rows, columns or both")
+    num_rows, num_cols = x.shape
+    if num_cols % BLOCK != 0:
+        raise ValueError(f"{where}last dim {num_cols} is not a multiple of {BLOCK} (shape {list(x.shape)})")
+    mask_rows = num_rows % BLOCK != 0
+    if mask_rows and (tile_2d or columns):
+        raise ValueError(f"{where}leading dim {num_rows} is not a multiple of {BLOCK} (shape {list(x.shape)}); "
+                         f"128x128 tiles and the transposed orientation need it")
+    device = x.device
+    row_codes = row_scales = col_codes = col_scales = None
+    if rows:
+        row_codes = torch.empty(num_rows, num_cols, dtype=torch.float8_e4m3fn, device=device)
+        if tile_2d:
+            row_scales = _scales_128x128(num_rows, num_cols, device)
+            # storage [R/128, L4]: tile (i, j) at i * L4 + j
+            row_strides = (row_scales.stride(1), 1)
+        else:
+            row_scales = _scales_1x128(num_rows, num_cols, device)
+            # storage [C/128, R]: row r, block j at j * R + r
+            row_strides = (1, num_rows)
+    if columns:
+        col_codes = torch.empty(num_cols, num_rows, dtype=torch.float8_e4m3fn, device=device)
+        if tile_2d:
+            col_scales = _scales_128x128(num_cols, num_rows, device)
+            # storage [C/128, L4(R/128)]: tile (i, j) of x is tile (j, i) of x^T, at j * L4 + i
+            col_strides = (col_scales.stride(1), 1)
+        else:
+            col_scales = _scales_1x128(num_cols, num_rows, device)
+            # storage [R/128, C]: column c, block i at i * C + c
+            col_strides = (1, num_cols)
+    # Unused pointers get a real tensor (never written: the constexpr branch is compiled out).
+    dummy_codes = row_codes if row_codes is not None else col_codes
+    dummy_scales = row_scales if row_scales is not None else col_scales
+    grid = (triton.cdiv(num_rows, BLOCK), num_cols // BLOCK)
+    _fp8_block_quantize_kernel[grid](
+        x, x.stride(0), x.stride(1), num_rows, num_cols,
+        (row_codes if rows else dummy_codes).view(torch.uint8), row_scales if rows else dummy_scales,
+        *(row_strides if rows else (0, 0)),
+        (col_codes if columns else dummy_codes).view(torch.uint8), col_scales if columns else dummy_scales,
+        *(col_strides if columns else (0, 0)),
+        _value_for_inf(x.dtype),
+        TILE_2D=tile_2d, WRITE_ROWS=rows, WRITE_COLUMNS=columns,
+        ROWS_POWER_OF_TWO=rows_power_of_two, COLUMNS_POWER_OF_TWO=columns_power_of_two,
+        MASK_ROWS=mask_rows, BLOCK=BLOCK,
+        num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
+    )
+    return row_codes, row_scales, col_codes, col_scales

@@ -1,0 +1,491 @@
+"""Native FP8 linear layer: Fprop, Dgrad and Wgrad as FP8 GEMMs through torch's scaled matmul.
+
+The three GEMMs of ``Y = X W^T`` (T tokens, K in_features, N out_features), each ``A B^T`` with
+both operands row-major and blocked along the reduction dim (the only layout Hopper's FP8 tensor
+cores take: "TN"):
+
+    Fprop  Y  [T, N] = X    [T, K] . W   [N, K]^T     X 1x128 along K, W 128x128
+    Dgrad  dX [T, K] = dY   [T, N] . W^T [K, N]^T     dY 1x128 along N, W^T: the same codes transposed
+    Wgrad  dW [N, K] = dY^T [N, T] . X^T [K, T]^T     both 1x128 along tokens
+
+Numerics are those of ``models.quant.formats`` (and so of the emulated path, ``models.quant.linear``),
+bit for bit in every code and scale:
+
+fp8_block (TE ``Float8BlockScaling``, DeepSeek-V3's fine-grained FP8; ``recipe_common.cuh``)
+    amax    = max |x| over a 1x128 block or a 128x128 tile
+    scale   = 448 / amax; the input dtype's max finite value if that is Inf; 1 if amax == 0 or
+              amax is not finite; mantissa bits cleared if power_of_two_scales (TE's default)
+    code    = e4m3(clamp(x * scale, -448, 448))   RNE;    decode = 1 / scale (NaN if amax not finite)
+fp8_tensor (TE ``Float8CurrentScaling``): the same with one block, the whole tensor, FLT_MAX for Inf.
+
+Every orientation an operand needs is quantized from the high-precision tensor, never from a
+quantized one: X rowwise (Fprop) and X^T along tokens (Wgrad) come out of one pass over X, dY's
+two orientations out of one pass over dY (``models.quant.fp8_kernels``), and W's 128x128 tiles
+once per forward, written both as W (Fprop) and as W^T (Dgrad); a square tile is the same tile of
+the transpose, so the Dgrad W is the Fprop W, as the chain rule wants. The forward saves W^T's
+and X^T's FP8 codes (1 byte per element) for the backward instead of X.
+
+The GEMM (``fp8_gemm``) computes ``sum_k (code_a * decode_a) (code_b * decode_b)``: products of
+E4M3 codes are exact, each 128-long block sum is scaled by its two decode scales and accumulated
+in fp32, the output is rounded once to the compute dtype. Blockwise scaling goes through
+``torch.nn.functional.scaled_mm`` (torch >= 2.10) with explicit recipes, which on Hopper runs
+cuBLASLt's block-scaled GEMM. Its layouts (PyTorch ``ScaledBlas.cpp``, cuBLAS "1D and 128x128 2D
+block scaling for FP8"), for an operand ``A [m, r]`` with the reduction dim r last:
+- codes float8_e4m3fn [m, r] row-major; B is passed as ``B.t()``, i.e. column-major [r, n];
+- 1x128 scales [m, r/128] with strides (1, m) ("outer-dim-major");
+- 128x128 scales [L4, m/128] with strides (1, L4), L4 = round_up(r/128, 4) (zero padding).
+Per-tensor scaling goes through ``torch._scaled_mm`` with two scalar decode scales.
+
+Hardware: PyTorch runs the DeepSeek-style (1x128 / 128x128) scaled GEMM only on compute
+capability 9.x (``_check_deepseek_support``); tensorwise needs 8.9+ (or the CPU, where torch
+implements it, which the CPU tests use). Within a 128-long block Hopper's FP8 tensor cores add
+with a truncating accumulator of ~13 mantissa bits (DeepSeek-V3 report, sec. 3.3.2; Khattak &
+Mikaitis 2025 model it as e8m13); the block sums are then scaled and added in fp32. So the GEMM
+outputs equal the emulated ones to that accumulator's precision, not to fp32's: the GPU tests
+bound the difference, and require equality on operands whose sums are exact on any accumulator.
+
+Not done here: weight quantization is not cached across micro-batches; under ``torch.compile`` a
+quantized layer is a graph break (``torch.compiler.disable``): its kernels are already fused by hand.
+
+Sources: TE ``transformer_engine/common/recipe/recipe_common.cuh`` and ``Float8BlockScaling``;
+PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` and ``test/test_scaled_matmul_cuda.py``
+(``test_scaled_mm_block_wise_numerics``: the scale layouts); DeepSeek-V3 technical report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.quant import fp8_kernels
+from models.quant.fp8_kernels import BLOCK, round_up
+from models.quant.linear import GEMMS, GemmSpec, LinearSpec, OperandSpec, check_linear_shapes, fp8_block_linear_spec
+
+E4M3_MAX = 448.0
+FLT_MAX = torch.finfo(torch.float32).max
+KINDS = ("1x128", "128x128", "tensor")
+# (A kind, B kind) pairs a native GEMM takes: cuBLASLt's blockwise combinations, and per tensor.
+SUPPORTED_PAIRS = (("1x128", "128x128"), ("1x128", "1x128"), ("128x128", "1x128"), ("tensor", "tensor"))
+REQUIREMENT = "torch >= 2.10 (torch.nn.functional.scaled_mm) on a CUDA GPU of compute capability 9.x (Hopper)"
+
+
+# ----------------------------------------------------------------------------------------------
+# What this torch can do
+
+
+# ScalingType member names by operand kind: torch 2.13 (a C++ enum) spells them BlockWise1x128,
+# earlier releases of the same API (a Python Enum) Blockwise_1x128; the values agree (4, 5).
+_SCALING_TYPE_NAMES = {"1x128": ("BlockWise1x128", "Blockwise_1x128"),
+                       "128x128": ("BlockWise128x128", "Blockwise_128x128")}
+
+
+def _scaling_type(kind: str):
+    """torch.nn.functional.ScalingType member of a blockwise operand kind (None if torch lacks it)."""
+    scaling = getattr(F, "ScalingType", None)
+    for name in _SCALING_TYPE_NAMES[kind]:
+        member = getattr(scaling, name, None)
+        if member is not None:
+            return member
+    return None
+
+
+def has_blockwise_scaled_mm() -> bool:
+    """Whether torch has the scaled-matmul API with explicit blockwise recipes (torch >= 2.10)."""
+    return hasattr(F, "scaled_mm") and all(_scaling_type(kind) is not None for kind in _SCALING_TYPE_NAMES)
+
+
+_CAPABILITY: Dict[int, Tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> Tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITY[index]
+
+
+def check_native_support(device: torch.device, kinds: Iterable[str], name: str = "") -> None:
+    """Raise RuntimeError (naming the layer) unless GEMMs with these operand kinds can run here."""
+    where = f"layer {name!r}: " if name else ""
+    kinds = set(kinds)
+    if kinds - {"tensor"}:
+        if not has_blockwise_scaled_mm():
+            raise RuntimeError(f"{where}blockwise FP8 GEMMs need {REQUIREMENT}; this is torch {torch.__version__}. "
+                               "Use precision.backend=emulated (or te)")
+        if device.type != "cuda":
+            raise RuntimeError(f"{where}blockwise FP8 GEMMs need {REQUIREMENT}; the tensors are on {device}. "
+                               "Use precision.backend=emulated")
+        major, minor = _capability(device)
+        if major != 9:
+            raise RuntimeError(f"{where}PyTorch runs the blockwise (1x128 / 128x128) FP8 GEMM on compute capability "
+                               f"9.x only; this GPU is {major}.{minor}. Use precision.backend=te or emulated")
+    elif device.type == "cuda" and _capability(device) < (8, 9):
+        raise RuntimeError(f"{where}FP8 GEMMs need compute capability 8.9+; this GPU is "
+                           f"{'.'.join(map(str, _capability(device)))}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantized operands
+
+
+@dataclass
+class Fp8Operand:
+    """One GEMM operand ``A [m, r]`` (reduction dim r last) in the layout the scaled GEMM takes.
+
+    data: float8_e4m3fn [m, r], row-major. scale: decode scales (1 / scale), fp32, laid out by kind:
+    "1x128" [m, r/128] strides (1, m); "128x128" [L4, m/128] strides (1, L4), L4 = round_up(r/128, 4),
+    rows r/128.. zero; "tensor" 0-dim.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    kind: str
+
+    def natural_scales(self) -> torch.Tensor:
+        """Decode scales indexed like formats.QuantizedTensor.block_scales: [m/tr, r/128] (0-dim per tensor)."""
+        if self.kind == "128x128":
+            return self.scale[: self.data.shape[1] // BLOCK].t()
+        return self.scale
+
+    def dequantize(self) -> torch.Tensor:
+        """code * decode in fp32, [m, r]."""
+        values = self.data.float()
+        rows, reduction = values.shape
+        scales = self.natural_scales()
+        if self.kind == "tensor":
+            return values * scales
+        if self.kind == "1x128":
+            return (values.reshape(rows, reduction // BLOCK, BLOCK) * scales[:, :, None]).reshape(rows, reduction)
+        blocked = values.reshape(rows // BLOCK, BLOCK, reduction // BLOCK, BLOCK)
+        return (blocked * scales[:, None, :, None]).reshape(rows, reduction)
+
+
+def gemm_layout_scales(natural: torch.Tensor, kind: str) -> torch.Tensor:
+    """Decode scales [m/tr, r/128] (0-dim per tensor) -> the layout of ``Fp8Operand.scale``."""
+    if kind == "tensor":
+        return natural.reshape(())
+    blocks_m, blocks_r = natural.shape
+    natural = natural.to(torch.float32)
+    if kind == "1x128":
+        # A fresh [r/128, m] allocation (default strides even when a dim is 1), seen transposed.
+        return natural.t().clone(memory_format=torch.contiguous_format).t()  # [m, r/128], strides (1, m)
+    if kind == "128x128":
+        padding = natural.new_zeros(blocks_m, round_up(blocks_r, 4) - blocks_r)
+        return torch.cat([natural, padding], dim=1).t()  # [L4, m/128], strides (1, L4)
+    raise ValueError(f"unknown operand kind {kind!r}; expected one of {KINDS}")
+
+
+def _codes_and_decode(matrix: torch.Tensor, block_shape: Optional[Tuple[int, int]], power_of_two: bool,
+                      value_for_inf: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 codes [R, C] and decode scales [R/br, C/bc] of matrix [R, C] (block None: the whole tensor)."""
+    rows, cols = matrix.shape
+    values = matrix.float().contiguous()  # codes come out row-major, as the GEMM takes them
+    if block_shape is None:
+        blocked = values.reshape(1, rows, 1, cols)
+    else:
+        blocked = values.reshape(rows // block_shape[0], block_shape[0], cols // block_shape[1], block_shape[1])
+    amax = blocked.abs().amax(dim=(1, 3), keepdim=True)  # NaN in a block gives NaN
+    finite = torch.isfinite(amax)
+    scale = torch.full_like(amax, E4M3_MAX) / amax
+    scale = torch.where(torch.isinf(scale), value_for_inf, scale)
+    scale = torch.where((amax == 0) | ~finite, 1.0, scale)
+    if power_of_two:
+        # scale = m * 2^e with m in [0.5, 1): the power of two at or below it is 2^(e - 1), built
+        # from its exponent bits (scale is a normal fp32 number here, so e - 1 + 127 is in 1..254).
+        _, exponent = torch.frexp(scale)
+        scale = ((exponent + 126).to(torch.int32) << 23).view(torch.float32)
+    decode = torch.full_like(scale, 1.0) / scale
+    decode = torch.where(finite, decode, float("nan"))
+    codes = (blocked * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return codes.reshape(rows, cols), decode[:, 0, :, 0]
+
+
+def quantize_reference(tensor: torch.Tensor, kind: str, *, power_of_two_scales: bool = True,
+                       transpose: bool = False) -> Fp8Operand:
+    """The plain-torch quantizer (any device): operand ``tensor.t() if transpose else tensor``.
+
+    kind "1x128" / "128x128": fp8_block with that tile along the operand's last dim; "tensor":
+    fp8_tensor (power_of_two_scales ignored, as in formats). Same codes and scales as
+    ``formats.quantize``; the fused Triton kernel is tested bit-identical against this.
+    """
+    matrix = tensor.t() if transpose else tensor
+    if kind == "tensor":
+        codes, decode = _codes_and_decode(matrix, None, False, FLT_MAX)
+    elif kind in ("1x128", "128x128"):
+        block_shape = (1, BLOCK) if kind == "1x128" else (BLOCK, BLOCK)
+        codes, decode = _codes_and_decode(matrix, block_shape, power_of_two_scales,
+                                          float(torch.finfo(tensor.dtype).max))
+    else:
+        raise ValueError(f"unknown operand kind {kind!r}; expected one of {KINDS}")
+    return Fp8Operand(codes, gemm_layout_scales(decode, kind), kind)
+
+
+def operand_kind(spec: OperandSpec, where: str = "") -> str:
+    """The native kind of an operand spec; ValueError (prefixed by ``where``) if not FP8-native."""
+    if spec.fmt not in ("fp8_block", "fp8_tensor"):
+        raise ValueError(f"{where}the torch backend runs fp8_block and fp8_tensor operands, not {spec.fmt}; "
+                         "use precision.backend=emulated (or te)")
+    if spec.rounding != "nearest" or spec.rht:
+        raise ValueError(f"{where}the torch backend rounds FP8 to nearest without RHT; got {spec.describe()}")
+    if spec.fmt == "fp8_tensor":
+        return "tensor"
+    return "1x128" if spec.tile == (1, BLOCK) else "128x128"
+
+
+def check_spec(spec: LinearSpec, name: str = "") -> None:
+    """Raise ValueError naming the layer, GEMM and operand unless every quantized GEMM runs natively."""
+    for gemm in GEMMS:
+        gemm_spec: Optional[GemmSpec] = getattr(spec, gemm)
+        if gemm_spec is None:
+            continue
+        where = f"layer {name!r} ({gemm.capitalize()}): "
+        pair = (operand_kind(gemm_spec.a, where), operand_kind(gemm_spec.b, where))
+        if pair not in SUPPORTED_PAIRS:
+            raise ValueError(f"{where}no native FP8 GEMM for {pair[0]} x {pair[1]} operands "
+                             f"({gemm_spec.describe()}); supported: {', '.join(' x '.join(p) for p in SUPPORTED_PAIRS)}")
+
+
+def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns: Optional[OperandSpec], *,
+                      name: str = "") -> Tuple[Optional[Fp8Operand], Optional[Fp8Operand]]:
+    """Quantize tensor [R, C] as the operand ``tensor`` (blocks along C, spec ``rows``) and/or
+    ``tensor^T`` (blocks along R, spec ``columns``), each from the high-precision values.
+
+    Both 1x128 (X, dY) or both 128x128 (W, W^T): one fused Triton pass when it can run, else the
+    torch reference; per tensor: one amax, the codes transposed for the second orientation (the
+    same numbers as quantizing the transpose).
+    """
+    rows_kind = operand_kind(rows, f"{name}: ") if rows is not None else None
+    columns_kind = operand_kind(columns, f"{name}: ") if columns is not None else None
+    if rows_kind is None and columns_kind is None:
+        return None, None
+    if rows_kind is not None and columns_kind is not None and rows_kind != columns_kind:
+        return quantize_operands(tensor, rows, None, name=name)[0], quantize_operands(tensor, None, columns, name=name)[1]
+    kind = rows_kind or columns_kind
+    if kind == "tensor":
+        operand = quantize_reference(tensor, "tensor")
+        transposed = None
+        if columns is not None:
+            transposed = Fp8Operand(operand.data.t().contiguous(), operand.scale, "tensor")
+        return (operand if rows is not None else None), transposed
+    if fp8_kernels.supports(tensor):
+        row_codes, row_scales, col_codes, col_scales = fp8_kernels.fp8_block_quantize(
+            tensor, tile_2d=kind == "128x128", rows=rows is not None, columns=columns is not None,
+            rows_power_of_two=rows is not None and rows.power_of_two_scales,
+            columns_power_of_two=columns is not None and columns.power_of_two_scales, name=name,
+        )
+        return (Fp8Operand(row_codes, row_scales, kind) if rows is not None else None,
+                Fp8Operand(col_codes, col_scales, kind) if columns is not None else None)
+    return (
+        quantize_reference(tensor, kind, power_of_two_scales=rows.power_of_two_scales) if rows is not None else None,
+        quantize_reference(tensor, kind, power_of_two_scales=columns.power_of_two_scales, transpose=True)
+        if columns is not None else None,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The GEMM
+
+
+def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype) -> torch.Tensor:
+    """a [m, r] times b [n, r]^T -> [m, n] in out_dtype: one native FP8 GEMM with both decode scales."""
+    if a.data.shape[1] != b.data.shape[1]:
+        raise ValueError(f"fp8_gemm: reduction dims differ: a {list(a.data.shape)}, b {list(b.data.shape)}")
+    if (a.kind, b.kind) not in SUPPORTED_PAIRS:
+        raise ValueError(f"fp8_gemm: no native GEMM for {a.kind} x {b.kind}")
+    if a.kind == "tensor":
+        return torch._scaled_mm(a.data, b.data.t(), scale_a=a.scale, scale_b=b.scale, out_dtype=out_dtype)
+    # One scale tensor and one recipe per operand, passed as lists (the form every version takes).
+    return F.scaled_mm(a.data, b.data.t(), [a.scale], [_scaling_type(a.kind)], [b.scale], [_scaling_type(b.kind)],
+                       output_dtype=out_dtype)
+
+
+def _high_precision_gemm(a: torch.Tensor, b: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+    """a [M, R] times b [N, R]^T in the compute dtype, as nn.Linear (under autocast) and the emulated path."""
+    return a.to(compute_dtype) @ b.to(compute_dtype).t()
+
+
+# ----------------------------------------------------------------------------------------------
+# The layer
+
+
+class _TorchFp8LinearFunction(torch.autograd.Function):
+    """Y = X W^T with the quantized GEMMs native; high-precision GEMMs as the emulated path runs them."""
+
+    @staticmethod
+    def forward(ctx, x, weight, spec: LinearSpec, name: str, compute_dtype: torch.dtype, grad_enabled: bool):
+        x2 = x.reshape(-1, x.shape[-1])  # [T, K]
+        needs_dgrad = grad_enabled and ctx.needs_input_grad[0]
+        needs_wgrad = grad_enabled and ctx.needs_input_grad[1]
+        dgrad = spec.dgrad if needs_dgrad else None
+        wgrad = spec.wgrad if needs_wgrad else None
+        with torch.autocast(x.device.type, enabled=False):
+            # X [T, K]: rowwise for Fprop, X^T [K, T] along tokens for Wgrad, one pass.
+            x_op, x_t_op = quantize_operands(x2, spec.fprop.a if spec.fprop else None, wgrad.b if wgrad else None,
+                                             name=f"{name} (X)")
+            # W [N, K]: for Fprop, and W^T [K, N] for Dgrad (128x128: the same tiles), once per forward.
+            w_op, w_t_op = quantize_operands(weight, spec.fprop.b if spec.fprop else None, dgrad.b if dgrad else None,
+                                             name=f"{name} (W)")
+            if spec.fprop is None:
+                out = _high_precision_gemm(x2, weight, compute_dtype)
+            else:
+                out = fp8_gemm(x_op, w_op, compute_dtype)
+        ctx.spec, ctx.name, ctx.compute_dtype = spec, name, compute_dtype
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.needs = (needs_dgrad, needs_wgrad)
+        ctx.kinds = (w_t_op.kind if w_t_op else None, x_t_op.kind if x_t_op else None)
+        ctx.save_for_backward(
+            x2 if needs_wgrad and wgrad is None else None,
+            weight if needs_dgrad and dgrad is None else None,
+            w_t_op.data if w_t_op else None, w_t_op.scale if w_t_op else None,
+            x_t_op.data if x_t_op else None, x_t_op.scale if x_t_op else None,
+        )
+        ctx.weight_dtype = weight.dtype
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x2, weight, w_t_data, w_t_scale, x_t_data, x_t_scale = ctx.saved_tensors
+        spec: LinearSpec = ctx.spec
+        name, compute_dtype = ctx.name, ctx.compute_dtype
+        needs_dgrad, needs_wgrad = ctx.needs
+        w_t_kind, x_t_kind = ctx.kinds
+        dy = grad_output.reshape(-1, grad_output.shape[-1])  # [T, N]
+        grad_x = grad_weight = None
+        with torch.autocast(dy.device.type, enabled=False):
+            dgrad = spec.dgrad if needs_dgrad else None
+            wgrad = spec.wgrad if needs_wgrad else None
+            # dY [T, N]: rowwise for Dgrad, dY^T [N, T] along tokens for Wgrad, one pass.
+            dy_op, dy_t_op = quantize_operands(dy, dgrad.a if dgrad else None, wgrad.a if wgrad else None,
+                                               name=f"{name} (dY)")
+            if needs_dgrad:
+                if dgrad is None:
+                    grad_x = _high_precision_gemm(dy, weight.t(), compute_dtype)
+                else:
+                    grad_x = fp8_gemm(dy_op, Fp8Operand(w_t_data, w_t_scale, w_t_kind), compute_dtype)
+                grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
+            if needs_wgrad:
+                if wgrad is None:
+                    grad_weight = _high_precision_gemm(dy.t(), x2.t(), compute_dtype)
+                else:
+                    grad_weight = fp8_gemm(dy_t_op, Fp8Operand(x_t_data, x_t_scale, x_t_kind), compute_dtype)
+                grad_weight = grad_weight.to(ctx.weight_dtype)
+        return grad_x, grad_weight, None, None, None, None
+
+
+class TorchFp8Linear(nn.Linear):
+    """nn.Linear whose quantized GEMMs run as native FP8 GEMMs (same parameters and state-dict keys).
+
+    ``spec`` is the emulated path's LinearSpec (``fp8_block_linear_spec`` / ``fp8_tensor_linear_spec``;
+    its ``backend`` field is not read); a GEMM set to None runs in the compute dtype. ``name`` (the
+    fully qualified module name) appears in every error. The compute dtype is autocast's when
+    autocast is on, else the input's, as in QuantLinear.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
+                 spec: Optional[LinearSpec] = None, name: str = ""):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.name = name
+        self.spec = spec if spec is not None else fp8_block_linear_spec()
+        self.step = 0
+        self.seed = 0
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, name: str = "") -> "TorchFp8Linear":
+        """Wrap an existing nn.Linear, keeping the very same Parameter objects (no copy)."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features = linear.in_features
+        module.out_features = linear.out_features
+        module.register_parameter("weight", linear.weight)
+        module.register_parameter("bias", linear.bias)
+        module.name = name
+        module.spec = spec
+        module.step = 0
+        module.seed = 0
+        module.train(linear.training)
+        return module
+
+    @property
+    def spec(self) -> LinearSpec:
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: LinearSpec) -> None:
+        check_spec(spec, self.name)
+        self._spec = spec
+
+    def set_high_precision(self, gemms: Iterable[str] = GEMMS) -> None:
+        """Late switch (paper, App. D): run these GEMMs ('fprop', 'dgrad', 'wgrad') in the compute dtype."""
+        gemms = tuple(gemms)
+        unknown = [gemm for gemm in gemms if gemm not in GEMMS]
+        if unknown:
+            raise ValueError(f"layer {self.name!r}: unknown GEMMs {unknown}; expected a subset of {GEMMS}")
+        self.spec = dataclasses.replace(self.spec, **{gemm: None for gemm in gemms})
+
+    def set_step(self, step: int) -> None:
+        """Recorded only: FP8 rounds to nearest, nothing here depends on the step."""
+        self.step = int(step)
+
+    def set_seed(self, seed: int) -> None:
+        """Recorded only: FP8 rounds to nearest, nothing here draws random numbers."""
+        self.seed = int(seed)
+
+    def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The GEMM dtype: autocast's when autocast is on for x's device, else x's dtype."""
+        if torch.is_autocast_enabled(x.device.type):
+            return torch.get_autocast_dtype(x.device.type)
+        return x.dtype
+
+    def _check_shapes(self, tokens: int, grad_enabled: bool, x_requires_grad: bool) -> LinearSpec:
+        """The GEMMs that will run; ValueError naming the layer if an operand does not fit them."""
+        spec = self.spec
+        running = LinearSpec(
+            fprop=spec.fprop,
+            dgrad=spec.dgrad if grad_enabled and x_requires_grad else None,
+            wgrad=spec.wgrad if grad_enabled and self.weight.requires_grad else None,
+        )
+        check_linear_shapes(running, tokens, self.in_features, self.out_features, self.name)
+        # Per-tensor FP8 GEMMs (torch._scaled_mm) need every dim but the output rows to divide by 16.
+        dims = {"fprop": (("in_features", self.in_features), ("out_features", self.out_features)),
+                "dgrad": (("out_features", self.out_features), ("in_features", self.in_features)),
+                "wgrad": (("tokens", tokens), ("in_features", self.in_features))}
+        for gemm in GEMMS:
+            gemm_spec = getattr(running, gemm)
+            if gemm_spec is None or gemm_spec.a.fmt != "fp8_tensor":
+                continue
+            for dim_name, size in dims[gemm]:
+                if size % 16:
+                    raise ValueError(f"layer {self.name!r} ({gemm.capitalize()}, fp8_tensor): {dim_name} {size} is not a "
+                                     "multiple of 16, which torch._scaled_mm needs; nothing is padded")
+        return running
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.spec.quantized:
+            return F.linear(x, self.weight, self.bias)
+        return self._forward_fp8(x)
+
+    @torch.compiler.disable
+    def _forward_fp8(self, x: torch.Tensor) -> torch.Tensor:
+        # A graph break under torch.compile: the GEMMs are cuBLAS calls and each operand's
+        # quantization is one hand-fused kernel already; tracing the scaled-mm enums, the Triton
+        # launches and the checks below would buy little and risk much.
+        spec = self.spec
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"layer {self.name!r}: input last dim {x.shape[-1]} != in_features {self.in_features}")
+        grad_enabled = torch.is_grad_enabled()
+        running = self._check_shapes(x.numel() // self.in_features, grad_enabled, x.requires_grad)
+        kinds = [operand_kind(operand) for gemm in GEMMS if getattr(running, gemm) is not None
+                 for operand in (getattr(running, gemm).a, getattr(running, gemm).b)]
+        check_native_support(x.device, kinds, self.name)
+        out = _TorchFp8LinearFunction.apply(x, self.weight, spec, self.name, self.compute_dtype(x), grad_enabled)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, name={self.name!r}, native FP8, spec=({self.spec.describe()})"

@@ -1,0 +1,693 @@
+"""Triton kernels for NVFP4 quantize-dequantize: the emulated GEMM operands, fused.
+
+What they compute is exactly ``models.quant.formats.quantize(..., "nvfp4")`` (TE's fp32 op order,
+see that module's docstring) followed by ``scaled_values()``; ``models.quant.rht.rht`` first for the
+RHT variant. Bit-identical to that torch reference for round-to-nearest (element codes, E4M3 block
+scales, scaled values, per-tensor decode scale); stochastic rounding uses Triton's Philox
+(``tl.rand``) instead of torch's generator, so it matches in distribution, not in draws.
+
+Orientations (x is a contiguous 2D [rows, cols] CUDA tensor, bf16 or fp32):
+- ``nvfp4_quantize_rows(x)``: 1x16 blocks along the last dim (X for Fprop, dY for Dgrad).
+- ``nvfp4_quantize_rows(x, two_d=True)``: one scale per 16x16 tile (W).
+- ``nvfp4_quantize_columns(x, rht=...)``: 16x1 blocks along dim 0, i.e. ``quantize(rht(x.t()))``
+  for Wgrad's operands quantized along tokens, written back in x's own [rows, cols] layout
+  (scales [rows / 16, cols]) so that no transpose is materialized.
+
+Three launches each: a persistent amax pass writes per-program partial maxima (RHT applied first
+when asked; no atomics, no memset); a one-program finalize reduces them to [S_enc, S_dec]; the
+quantize pass then does, per tile: block amax, E4M3 scale, reciprocal, scaling, E2M1 rounding
+(RNE or stochastic), outputs. NaN/Inf anywhere turns the tensor amax into Inf, and a non-finite
+amax gives a NaN decode scale, as in the reference.
+
+Exactness notes (why the code looks the way it does):
+- every fp32 division is ``tl.math.div_rn`` (Triton's ``/`` may lower to an approximate divide);
+- every launch passes ``enable_fp_fusion=False``, so no multiply-add is contracted into an FMA;
+- E4M3 rounding of the block scale is done arithmetically, (v + C) - C with C = 2^(e+20) (or 2^14
+  in the subnormal range), which rounds v to 3 mantissa bits with RNE, instead of relying on the
+  fp8 cast of the backend; the code bits are assembled from the rounded value;
+- the RHT output is rounded to bf16 by the integer RNE trick, identical to ``tensor.to(bfloat16)``;
+- NaN-sensitive min/max use ``tl.where`` (``tl.minimum`` drops NaN by default).
+
+The switch: ``use_triton(False)`` (or env ``MODELS_QUANT_TRITON=0``) makes ``enabled()`` False and
+``models.quant.linear`` falls back to the torch reference. Without Triton this module imports fine
+and ``has_triton()`` is False.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+try:  # the one import site of Triton in models.quant
+    import triton
+    import triton.language as tl
+
+    _TRITON_IMPORT_ERROR: Optional[BaseException] = None
+except (ImportError, RuntimeError, OSError) as error:  # pragma: no cover - depends on the machine
+    triton = None
+    tl = None
+    _TRITON_IMPORT_ERROR = error
+
+_ENABLED = os.environ.get("MODELS_QUANT_TRITON", "1") != "0"
+# Triton's interpreter (TRITON_INTERPRET=1) runs these kernels on CPU tensors: slow, for debugging.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float32)
+INSTALL_HINT = "pip install triton (or the project's 'gpu' extra: pip install -e .[gpu])"
+
+
+def has_triton() -> bool:
+    """Whether Triton imported (the fast path also needs a CUDA tensor)."""
+    return triton is not None
+
+
+def use_triton(enabled: bool) -> None:
+    """The one switch: False forces the torch reference everywhere (tests flip it)."""
+    global _ENABLED
+    _ENABLED = bool(enabled)
+
+
+def enabled() -> bool:
+    """Whether the fast path is switched on and available."""
+    return _ENABLED and has_triton()
+
+
+def supports(x: torch.Tensor) -> bool:
+    """Whether the kernels can take ``x`` (switched on, Triton present, CUDA, bf16/fp32, 2D)."""
+    return enabled() and x.is_cuda and x.dtype in KERNEL_INPUT_DTYPES and x.ndim == 2
+
+
+def _require_triton() -> None:
+    if triton is None:
+        raise RuntimeError(f"models.quant.kernels needs Triton ({_TRITON_IMPORT_ERROR}); {INSTALL_HINT}")
+
+
+@dataclass
+class KernelQuantized:
+    """Output of a kernel, in the input's [rows, cols] layout.
+
+    values: q * s_b (scaled values, without the per-tensor decode scale), ``out_dtype``.
+    block_scales: float8_e4m3fn; rows: [rows, cols/16]; two_d: [rows/16, cols/16];
+        columns: [rows/16, cols].
+    decode_scale: fp32 [1], 1/S_enc (NaN if the input had NaN/Inf).
+    codes: uint8 E2M1 codes [rows, cols] (bit 3 sign), or None when not asked for.
+    """
+
+    values: torch.Tensor
+    block_scales: torch.Tensor
+    decode_scale: torch.Tensor
+    codes: Optional[torch.Tensor]
+
+
+# Constants inside the kernels are literals (Triton reads no plain module globals): 2688 = 448 * 6,
+# 0.16666666666666666 = 1/6 (becomes fp32(1/6), TE's constexpr 1.0f / 6.0f),
+# 3.4028234663852886e38 = FLT_MAX, 0.015625 = 2^-6 (smallest normal E4M3).
+
+if triton is not None:
+
+    @triton.jit
+    def _nan():
+        return tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _inf():
+        return tl.full([], 0x7F800000, tl.int32).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _abs_nan_to_inf(x):
+        """|x| with NaN mapped to +Inf, so max-reductions cannot lose a NaN."""
+        magnitude = tl.abs(x)
+        return tl.where(magnitude == magnitude, magnitude, _inf())
+
+    @triton.jit
+    def _round_to_bf16(y):
+        """fp32 -> nearest bf16 (ties to even), returned as fp32; NaN stays NaN."""
+        bits = y.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return tl.where(y == y, rounded.to(tl.float32, bitcast=True), y)
+
+    @triton.jit
+    def _rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, ROUND_BF16: tl.constexpr):
+        """RHT of 16 tensors (element j of every tile): H16 (s * x) / 4, as models.quant.rht.
+
+        Signs s = [1,1,1,-1,1,-1,-1,-1,-1,-1,-1,1,-1,1,-1,-1]; butterfly strides 8, 4, 2, 1.
+        """
+        x3 = -x3
+        x5 = -x5
+        x6 = -x6
+        x7 = -x7
+        x8 = -x8
+        x9 = -x9
+        x10 = -x10
+        x12 = -x12
+        x14 = -x14
+        x15 = -x15
+        # stride 8
+        x0, x8 = x0 + x8, x0 - x8
+        x1, x9 = x1 + x9, x1 - x9
+        x2, x10 = x2 + x10, x2 - x10
+        x3, x11 = x3 + x11, x3 - x11
+        x4, x12 = x4 + x12, x4 - x12
+        x5, x13 = x5 + x13, x5 - x13
+        x6, x14 = x6 + x14, x6 - x14
+        x7, x15 = x7 + x15, x7 - x15
+        # stride 4
+        x0, x4 = x0 + x4, x0 - x4
+        x1, x5 = x1 + x5, x1 - x5
+        x2, x6 = x2 + x6, x2 - x6
+        x3, x7 = x3 + x7, x3 - x7
+        x8, x12 = x8 + x12, x8 - x12
+        x9, x13 = x9 + x13, x9 - x13
+        x10, x14 = x10 + x14, x10 - x14
+        x11, x15 = x11 + x15, x11 - x15
+        # stride 2
+        x0, x2 = x0 + x2, x0 - x2
+        x1, x3 = x1 + x3, x1 - x3
+        x4, x6 = x4 + x6, x4 - x6
+        x5, x7 = x5 + x7, x5 - x7
+        x8, x10 = x8 + x10, x8 - x10
+        x9, x11 = x9 + x11, x9 - x11
+        x12, x14 = x12 + x14, x12 - x14
+        x13, x15 = x13 + x15, x13 - x15
+        # stride 1
+        x0, x1 = x0 + x1, x0 - x1
+        x2, x3 = x2 + x3, x2 - x3
+        x4, x5 = x4 + x5, x4 - x5
+        x6, x7 = x6 + x7, x6 - x7
+        x8, x9 = x8 + x9, x8 - x9
+        x10, x11 = x10 + x11, x10 - x11
+        x12, x13 = x12 + x13, x12 - x13
+        x14, x15 = x14 + x15, x14 - x15
+        x0 = x0 * 0.25
+        x1 = x1 * 0.25
+        x2 = x2 * 0.25
+        x3 = x3 * 0.25
+        x4 = x4 * 0.25
+        x5 = x5 * 0.25
+        x6 = x6 * 0.25
+        x7 = x7 * 0.25
+        x8 = x8 * 0.25
+        x9 = x9 * 0.25
+        x10 = x10 * 0.25
+        x11 = x11 * 0.25
+        x12 = x12 * 0.25
+        x13 = x13 * 0.25
+        x14 = x14 * 0.25
+        x15 = x15 * 0.25
+        if ROUND_BF16:
+            x0 = _round_to_bf16(x0)
+            x1 = _round_to_bf16(x1)
+            x2 = _round_to_bf16(x2)
+            x3 = _round_to_bf16(x3)
+            x4 = _round_to_bf16(x4)
+            x5 = _round_to_bf16(x5)
+            x6 = _round_to_bf16(x6)
+            x7 = _round_to_bf16(x7)
+            x8 = _round_to_bf16(x8)
+            x9 = _round_to_bf16(x9)
+            x10 = _round_to_bf16(x10)
+            x11 = _round_to_bf16(x11)
+            x12 = _round_to_bf16(x12)
+            x13 = _round_to_bf16(x13)
+            x14 = _round_to_bf16(x14)
+            x15 = _round_to_bf16(x15)
+        return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
+
+    @triton.jit
+    def _finalize_scales_kernel(partials_ptr, num_partials, global_ptr, PARTIALS_POW2: tl.constexpr):
+        """One program: tensor amax from the partials -> global_ptr = [S_enc, S_dec], TE's order.
+
+        S_enc = min(2688 / amax, FLT_MAX); 1 if amax == 0 or S_enc == 0; NaN if amax is not finite.
+        """
+        index = tl.arange(0, PARTIALS_POW2)
+        amax = tl.max(tl.load(partials_ptr + index, mask=index < num_partials, other=0.0), axis=0)
+        encode = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)
+        encode = tl.where(encode > 3.4028234663852886e38, 3.4028234663852886e38, encode)
+        encode = tl.where((amax == 0.0) | (encode == 0.0), 1.0, encode)
+        encode = tl.where(amax <= 3.4028234663852886e38, encode, _nan())
+        decode = tl.math.div_rn(tl.full([], 1.0, tl.float32), encode)
+        tl.store(global_ptr, encode)
+        tl.store(global_ptr + 1, decode)
+
+    @triton.jit
+    def _e4m3_scale(value):
+        """E4M3 RNE of value >= 0 (or NaN), saturating at 448: (fp32 value, uint8 code)."""
+        value = tl.where(value > 448.0, 448.0, value)
+        biased_exponent = (value.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        magic_exponent = tl.maximum(biased_exponent + 20, 141)
+        magic = (magic_exponent << 23).to(tl.float32, bitcast=True)
+        rounded = (value + magic) - magic
+        rounded_bits = rounded.to(tl.int32, bitcast=True)
+        normal_code = ((((rounded_bits >> 23) & 0xFF) - 120) << 3) | ((rounded_bits >> 20) & 7)
+        subnormal_code = (rounded * 512.0).to(tl.int32)
+        code = tl.where(rounded >= 0.015625, normal_code, subnormal_code)
+        code = tl.where(rounded == rounded, code, 0x7F)
+        return rounded, code.to(tl.uint8)
+
+    @triton.jit
+    def _block_reciprocal(scale, decode):
+        """r_b = min(1 / (s_b * S_dec), FLT_MAX); NaN stays NaN."""
+        reciprocal = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale * decode)
+        return tl.where(reciprocal > 3.4028234663852886e38, 3.4028234663852886e38, reciprocal)
+
+    @triton.jit
+    def _round_e2m1(scaled, uniform, STOCHASTIC: tl.constexpr):
+        """E2M1 of fp32 scaled (already times r_b): (grid value with sign as fp32, uint8 code)."""
+        magnitude = tl.abs(scaled)
+        magnitude = tl.where(magnitude > 6.0, 6.0, magnitude)
+        if STOCHASTIC:
+            lower = (
+                (magnitude >= 0.5).to(tl.int32)
+                + (magnitude >= 1.0).to(tl.int32)
+                + (magnitude >= 1.5).to(tl.int32)
+                + (magnitude >= 2.0).to(tl.int32)
+                + (magnitude >= 3.0).to(tl.int32)
+                + (magnitude >= 4.0).to(tl.int32)
+                + (magnitude >= 6.0).to(tl.int32)
+            )
+            lower_f = lower.to(tl.float32)
+            lower_value = tl.where(lower < 4, lower_f * 0.5, tl.where(lower == 7, 6.0, lower_f - 2.0))
+            inverse_step = tl.where(lower < 4, 2.0, tl.where(lower < 6, 1.0, tl.where(lower == 6, 0.5, 0.0)))
+            fraction = (magnitude - lower_value) * inverse_step
+            index = lower + (uniform < fraction).to(tl.int32)
+        else:
+            index = (
+                (magnitude > 0.25).to(tl.int32)
+                + (magnitude >= 0.75).to(tl.int32)
+                + (magnitude > 1.25).to(tl.int32)
+                + (magnitude >= 1.75).to(tl.int32)
+                + (magnitude > 2.5).to(tl.int32)
+                + (magnitude >= 3.5).to(tl.int32)
+                + (magnitude > 5.0).to(tl.int32)
+            )
+        index_f = index.to(tl.float32)
+        value = tl.where(index < 4, index_f * 0.5, tl.where(index == 7, 6.0, index_f - 2.0))
+        negative = (scaled.to(tl.int32, bitcast=True) < 0) & (scaled == scaled)
+        value = tl.where(negative, -value, value)
+        code = index | tl.where(negative, 8, 0)
+        return value, code.to(tl.uint8)
+
+    @triton.jit
+    def _amax_rows_kernel(
+        x_ptr, partials_ptr, rows, cols, num_tiles_c, num_tiles, num_programs,
+        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        """Persistent: partial max |x| (NaN -> Inf) over tiles pid, pid + P, ... into partials[pid]."""
+        pid = tl.program_id(0)
+        accumulator = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+        for step in range(0, tl.cdiv(num_tiles, num_programs)):
+            tile = pid + step * num_programs  # tiles past the end load nothing (masked)
+            row = (tile // num_tiles_c) * BLOCK_R + tl.arange(0, BLOCK_R)
+            col = (tile % num_tiles_c) * BLOCK_C + tl.arange(0, BLOCK_C)
+            mask = (row < rows)[:, None] & (col < cols)[None, :] & (tile < num_tiles)
+            offsets = row.to(tl.int64)[:, None] * cols + col[None, :]
+            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            accumulator = tl.maximum(accumulator, _abs_nan_to_inf(x))
+        tl.store(partials_ptr + pid, tl.max(tl.max(accumulator, axis=1), axis=0))
+
+    @triton.jit
+    def _amax_columns_rht_kernel(
+        x_ptr,
+        partials_ptr,
+        groups,
+        cols,
+        num_tiles_c,
+        num_tiles,
+        num_programs,
+        GROUPS: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        ROUND_BF16: tl.constexpr,
+    ):
+        """Persistent: partial max |rht along dim 0 (x)| over 16-row groups, into partials[pid]."""
+        pid = tl.program_id(0)
+        accumulator = tl.zeros([GROUPS, BLOCK_C], dtype=tl.float32)
+        for step in range(0, tl.cdiv(num_tiles, num_programs)):
+            tile = pid + step * num_programs  # tiles past the end load nothing (masked)
+            group = (tile // num_tiles_c) * GROUPS + tl.arange(0, GROUPS)
+            col = (tile % num_tiles_c) * BLOCK_C + tl.arange(0, BLOCK_C)
+            mask = (group < groups)[:, None] & (col < cols)[None, :] & (tile < num_tiles)
+            base = x_ptr + (group.to(tl.int64) * 16)[:, None] * cols + col[None, :]
+            x0 = tl.load(base + 0 * cols, mask=mask, other=0.0).to(tl.float32)
+            x1 = tl.load(base + 1 * cols, mask=mask, other=0.0).to(tl.float32)
+            x2 = tl.load(base + 2 * cols, mask=mask, other=0.0).to(tl.float32)
+            x3 = tl.load(base + 3 * cols, mask=mask, other=0.0).to(tl.float32)
+            x4 = tl.load(base + 4 * cols, mask=mask, other=0.0).to(tl.float32)
+            x5 = tl.load(base + 5 * cols, mask=mask, other=0.0).to(tl.float32)
+            x6 = tl.load(base + 6 * cols, mask=mask, other=0.0).to(tl.float32)
+            x7 = tl.load(base + 7 * cols, mask=mask, other=0.0).to(tl.float32)
+            x8 = tl.load(base + 8 * cols, mask=mask, other=0.0).to(tl.float32)
+            x9 = tl.load(base + 9 * cols, mask=mask, other=0.0).to(tl.float32)
+            x10 = tl.load(base + 10 * cols, mask=mask, other=0.0).to(tl.float32)
+            x11 = tl.load(base + 11 * cols, mask=mask, other=0.0).to(tl.float32)
+            x12 = tl.load(base + 12 * cols, mask=mask, other=0.0).to(tl.float32)
+            x13 = tl.load(base + 13 * cols, mask=mask, other=0.0).to(tl.float32)
+            x14 = tl.load(base + 14 * cols, mask=mask, other=0.0).to(tl.float32)
+            x15 = tl.load(base + 15 * cols, mask=mask, other=0.0).to(tl.float32)
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, ROUND_BF16
+            )
+            block = tl.maximum(_abs_nan_to_inf(x0), _abs_nan_to_inf(x1))
+            block = tl.maximum(block, _abs_nan_to_inf(x2))
+            block = tl.maximum(block, _abs_nan_to_inf(x3))
+            block = tl.maximum(block, _abs_nan_to_inf(x4))
+            block = tl.maximum(block, _abs_nan_to_inf(x5))
+            block = tl.maximum(block, _abs_nan_to_inf(x6))
+            block = tl.maximum(block, _abs_nan_to_inf(x7))
+            block = tl.maximum(block, _abs_nan_to_inf(x8))
+            block = tl.maximum(block, _abs_nan_to_inf(x9))
+            block = tl.maximum(block, _abs_nan_to_inf(x10))
+            block = tl.maximum(block, _abs_nan_to_inf(x11))
+            block = tl.maximum(block, _abs_nan_to_inf(x12))
+            block = tl.maximum(block, _abs_nan_to_inf(x13))
+            block = tl.maximum(block, _abs_nan_to_inf(x14))
+            block = tl.maximum(block, _abs_nan_to_inf(x15))
+            accumulator = tl.maximum(accumulator, block)
+        tl.store(partials_ptr + pid, tl.max(tl.max(accumulator, axis=1), axis=0))
+
+    @triton.jit
+    def _quantize_rows_kernel(
+        x_ptr,
+        values_ptr,
+        codes_ptr,
+        scales_ptr,
+        global_ptr,
+        seed_ptr,
+        rows,
+        cols,
+        BLOCK_R: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        TWO_D: tl.constexpr,
+        STOCHASTIC: tl.constexpr,
+        WRITE_CODES: tl.constexpr,
+    ):
+        """One [BLOCK_R, BLOCK_C] tile: 1x16 blocks along cols, or (TWO_D, BLOCK_R == 16) 16x16 tiles."""
+        pid_r = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        encode = tl.load(global_ptr)  # S_enc, from _finalize_scales_kernel
+        decode = tl.load(global_ptr + 1)  # S_dec = 1 / S_enc
+        row = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = (row < rows)[:, None] & (col < cols)[None, :]
+        offsets = row.to(tl.int64)[:, None] * cols + col[None, :]
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        x3 = tl.reshape(x, [BLOCK_R, BLOCK_C // 16, 16])
+        block_amax = tl.max(tl.abs(x3), axis=2)  # [BLOCK_R, BLOCK_C / 16]
+        scale_cols = cols // 16
+        scale_col = pid_c * (BLOCK_C // 16) + tl.arange(0, BLOCK_C // 16)
+        if TWO_D:
+            tile_amax = tl.max(block_amax, axis=0)  # [BLOCK_C / 16]: rows pid_r*16 .. +16
+            tile_scale, tile_code = _e4m3_scale(tile_amax * (encode * 0.16666666666666666))
+            tl.store(scales_ptr + pid_r * scale_cols + scale_col, tile_code, mask=scale_col < scale_cols)
+            scale = tl.broadcast_to(tl.reshape(tile_scale, [1, BLOCK_C // 16]), [BLOCK_R, BLOCK_C // 16])
+        else:
+            scale, code = _e4m3_scale(block_amax * (encode * 0.16666666666666666))
+            scale_mask = (row < rows)[:, None] & (scale_col < scale_cols)[None, :]
+            scale_offsets = row.to(tl.int64)[:, None] * scale_cols + scale_col[None, :]
+            tl.store(scales_ptr + scale_offsets, code, mask=scale_mask)
+        reciprocal = _block_reciprocal(scale, decode)
+        scaled = x3 * tl.reshape(reciprocal, [BLOCK_R, BLOCK_C // 16, 1])
+        if STOCHASTIC:
+            uniform = tl.reshape(tl.rand(tl.load(seed_ptr), offsets), [BLOCK_R, BLOCK_C // 16, 16])
+        else:
+            uniform = scaled
+        value, code_e2m1 = _round_e2m1(scaled, uniform, STOCHASTIC)
+        value = value * tl.reshape(scale, [BLOCK_R, BLOCK_C // 16, 1])
+        value = tl.reshape(value, [BLOCK_R, BLOCK_C])
+        tl.store(values_ptr + offsets, value.to(values_ptr.dtype.element_ty), mask=mask)
+        if WRITE_CODES:
+            tl.store(codes_ptr + offsets, tl.reshape(code_e2m1, [BLOCK_R, BLOCK_C]), mask=mask)
+
+    @triton.jit
+    def _quantize_store_row(
+        x, j, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr, seed,
+        STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr,
+    ):
+        """Quantize element j of every 16-row group ([GROUPS, BLOCK_C]) and store row 16 g + j."""
+        offsets = base_offsets + j * cols
+        scaled = x * reciprocal
+        if STOCHASTIC:
+            uniform = tl.rand(seed, offsets)
+        else:
+            uniform = scaled
+        value, code = _round_e2m1(scaled, uniform, STOCHASTIC)
+        tl.store(values_ptr + offsets, (value * scale).to(values_ptr.dtype.element_ty), mask=mask)
+        if WRITE_CODES:
+            tl.store(codes_ptr + offsets, code, mask=mask)
+
+    @triton.jit
+    def _quantize_columns_kernel(
+        x_ptr,
+        values_ptr,
+        codes_ptr,
+        scales_ptr,
+        global_ptr,
+        seed_ptr,
+        groups,
+        cols,
+        GROUPS: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        RHT: tl.constexpr,
+        ROUND_BF16: tl.constexpr,
+        STOCHASTIC: tl.constexpr,
+        WRITE_CODES: tl.constexpr,
+    ):
+        """GROUPS groups of 16 rows x BLOCK_C cols; blocks are 16x1 (down the columns)."""
+        pid_g = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        encode = tl.load(global_ptr)  # S_enc, from _finalize_scales_kernel
+        decode = tl.load(global_ptr + 1)  # S_dec = 1 / S_enc
+        group = pid_g * GROUPS + tl.arange(0, GROUPS)
+        col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        mask = (group < groups)[:, None] & (col < cols)[None, :]
+        base_offsets = (group.to(tl.int64) * 16)[:, None] * cols + col[None, :]
+        base = x_ptr + base_offsets
+        x0 = tl.load(base + 0 * cols, mask=mask, other=0.0).to(tl.float32)
+        x1 = tl.load(base + 1 * cols, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(base + 2 * cols, mask=mask, other=0.0).to(tl.float32)
+        x3 = tl.load(base + 3 * cols, mask=mask, other=0.0).to(tl.float32)
+        x4 = tl.load(base + 4 * cols, mask=mask, other=0.0).to(tl.float32)
+        x5 = tl.load(base + 5 * cols, mask=mask, other=0.0).to(tl.float32)
+        x6 = tl.load(base + 6 * cols, mask=mask, other=0.0).to(tl.float32)
+        x7 = tl.load(base + 7 * cols, mask=mask, other=0.0).to(tl.float32)
+        x8 = tl.load(base + 8 * cols, mask=mask, other=0.0).to(tl.float32)
+        x9 = tl.load(base + 9 * cols, mask=mask, other=0.0).to(tl.float32)
+        x10 = tl.load(base + 10 * cols, mask=mask, other=0.0).to(tl.float32)
+        x11 = tl.load(base + 11 * cols, mask=mask, other=0.0).to(tl.float32)
+        x12 = tl.load(base + 12 * cols, mask=mask, other=0.0).to(tl.float32)
+        x13 = tl.load(base + 13 * cols, mask=mask, other=0.0).to(tl.float32)
+        x14 = tl.load(base + 14 * cols, mask=mask, other=0.0).to(tl.float32)
+        x15 = tl.load(base + 15 * cols, mask=mask, other=0.0).to(tl.float32)
+        if RHT:
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, ROUND_BF16
+            )
+        block_amax = tl.maximum(tl.abs(x0), tl.abs(x1))
+        block_amax = tl.maximum(block_amax, tl.abs(x2))
+        block_amax = tl.maximum(block_amax, tl.abs(x3))
+        block_amax = tl.maximum(block_amax, tl.abs(x4))
+        block_amax = tl.maximum(block_amax, tl.abs(x5))
+        block_amax = tl.maximum(block_amax, tl.abs(x6))
+        block_amax = tl.maximum(block_amax, tl.abs(x7))
+        block_amax = tl.maximum(block_amax, tl.abs(x8))
+        block_amax = tl.maximum(block_amax, tl.abs(x9))
+        block_amax = tl.maximum(block_amax, tl.abs(x10))
+        block_amax = tl.maximum(block_amax, tl.abs(x11))
+        block_amax = tl.maximum(block_amax, tl.abs(x12))
+        block_amax = tl.maximum(block_amax, tl.abs(x13))
+        block_amax = tl.maximum(block_amax, tl.abs(x14))
+        block_amax = tl.maximum(block_amax, tl.abs(x15))
+        scale, scale_code = _e4m3_scale(block_amax * (encode * 0.16666666666666666))
+        scale_offsets = group.to(tl.int64)[:, None] * cols + col[None, :]
+        tl.store(scales_ptr + scale_offsets, scale_code, mask=mask)
+        reciprocal = _block_reciprocal(scale, decode)
+        if STOCHASTIC:
+            seed = tl.load(seed_ptr)
+        else:
+            seed = 0
+        _quantize_store_row(x0, 0, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x1, 1, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x2, 2, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x3, 3, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x4, 4, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x5, 5, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x6, 6, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x7, 7, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x8, 8, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x9, 9, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x10, 10, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x11, 11, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x12, 12, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x13, 13, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x14, 14, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(x15, 15, reciprocal, scale, base_offsets, cols, mask,
+                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+
+
+# Launch configurations: (tile rows, tile cols, num_warps) for the row kernels, (groups of 16
+# rows, cols, num_warps) for the column kernels; ~16 elements per thread keeps registers < 128.
+# The benchmark (scripts/bench_quant.py) times alternatives and reports the best.
+ROWS_CONFIG = (16, 128, 4)
+COLUMNS_CONFIG = (2, 128, 8)
+AMAX_CONFIG = (16, 256, 4)
+AMAX_PROGRAMS_PER_SM = 4
+MAX_PARTIALS = 4096
+
+
+def _check_input(x: torch.Tensor, rows_multiple: int, what: str, name: Optional[str]) -> None:
+    _require_triton()
+    where = f"{name}: " if name else ""
+    if not (x.is_cuda or _INTERPRETING):
+        raise ValueError(f"{where}{what} needs a CUDA tensor, got device {x.device}")
+    if x.dtype not in KERNEL_INPUT_DTYPES:
+        raise TypeError(f"{where}{what} takes {KERNEL_INPUT_DTYPES}, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{where}{what} takes a 2D tensor, got shape {list(x.shape)}")
+    rows, cols = x.shape
+    if cols % 16 != 0:
+        raise ValueError(f"{where}{what}: last dim {cols} is not a multiple of 16")
+    if rows % rows_multiple != 0:
+        raise ValueError(f"{where}{what}: leading dim {rows} is not a multiple of {rows_multiple}")
+
+
+def _seed_tensor(x: torch.Tensor, seed, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """A 1-element int64 seed on x's device: given, or drawn from the generator / global RNG."""
+    if isinstance(seed, torch.Tensor):
+        return seed.to(device=x.device, dtype=torch.int64).reshape(1)
+    if seed is not None:
+        return torch.tensor([int(seed)], dtype=torch.int64, device=x.device)
+    if generator is not None:
+        drawn = torch.randint(0, 2**62, (1,), generator=generator, device=generator.device, dtype=torch.int64)
+        return drawn.to(x.device)
+    return torch.randint(0, 2**62, (1,), device=x.device, dtype=torch.int64)
+
+
+def _amax_programs(x: torch.Tensor, num_tiles: int) -> int:
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
+    return max(1, min(num_tiles, AMAX_PROGRAMS_PER_SM * sms, MAX_PARTIALS))
+
+
+def _global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_cols: int = 128) -> torch.Tensor:
+    """[S_enc, S_dec] (fp32, on x's device) from max |x| (or max |rht along dim 0 (x)|): two launches."""
+    rows, cols = x.shape
+    if rht:
+        groups = rows // 16
+        tiles_c = triton.cdiv(cols, rht_cols)
+        num_tiles = triton.cdiv(groups, rht_groups) * tiles_c
+        programs = _amax_programs(x, num_tiles)
+        partials = torch.empty(programs, dtype=torch.float32, device=x.device)
+        _amax_columns_rht_kernel[(programs,)](
+            x, partials, groups, cols, tiles_c, num_tiles, programs, GROUPS=rht_groups, BLOCK_C=rht_cols,
+            ROUND_BF16=x.dtype == torch.bfloat16, num_warps=4, enable_fp_fusion=False,
+        )
+    else:
+        block_r, block_c, warps = AMAX_CONFIG
+        tiles_c = triton.cdiv(cols, block_c)
+        num_tiles = triton.cdiv(rows, block_r) * tiles_c
+        programs = _amax_programs(x, num_tiles)
+        partials = torch.empty(programs, dtype=torch.float32, device=x.device)
+        _amax_rows_kernel[(programs,)](
+            x, partials, rows, cols, tiles_c, num_tiles, programs, BLOCK_R=block_r, BLOCK_C=block_c,
+            num_warps=warps, enable_fp_fusion=False,
+        )
+    global_scales = torch.empty(2, dtype=torch.float32, device=x.device)
+    _finalize_scales_kernel[(1,)](
+        partials, programs, global_scales, PARTIALS_POW2=max(32, triton.next_power_of_2(programs)),
+        num_warps=4, enable_fp_fusion=False,
+    )
+    return global_scales
+
+
+def _outputs(x, scales_shape, out_dtype, write_codes):
+    values = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if write_codes else values
+    scales = torch.empty(scales_shape, dtype=torch.float8_e4m3fn, device=x.device)
+    return values, codes, scales
+
+
+def nvfp4_quantize_rows(
+    x: torch.Tensor,
+    *,
+    two_d: bool = False,
+    stochastic: bool = False,
+    seed=None,
+    generator: Optional[torch.Generator] = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    write_codes: bool = False,
+    config: Optional[tuple] = None,
+    name: Optional[str] = None,
+) -> KernelQuantized:
+    """NVFP4 of a [rows, cols] CUDA tensor with 1x16 blocks along cols (or 16x16 tiles if two_d).
+
+    Equals ``formats.quantize(x, "nvfp4", tile=(1, 16) or (16, 16))`` for RNE. ``seed`` (int or
+    1-element tensor) or ``generator`` seeds stochastic rounding; by default a seed is drawn from
+    torch's global RNG on x's device (no host sync). ``config``: (tile rows, tile cols, num_warps);
+    two_d forces 16 tile rows.
+    """
+    _check_input(x, 16 if two_d else 1, "nvfp4_quantize_rows", name)
+    x = x.contiguous()
+    rows, cols = x.shape
+    block_r, block_c, warps = config or ROWS_CONFIG
+    if two_d:
+        block_r = 16
+    global_scales = _global_scales(x, rht=False)
+    scales_shape = (rows // 16, cols // 16) if two_d else (rows, cols // 16)
+    values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes)
+    seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
+    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+    _quantize_rows_kernel[grid](
+        x, values, codes, scales.view(torch.uint8), global_scales, seed_tensor, rows, cols,
+        BLOCK_R=block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic, WRITE_CODES=write_codes,
+        num_warps=warps, enable_fp_fusion=False,
+    )
+    return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)
+
+
+def nvfp4_quantize_columns(
+    x: torch.Tensor,
+    *,
+    rht: bool = False,
+    stochastic: bool = False,
+    seed=None,
+    generator: Optional[torch.Generator] = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    write_codes: bool = False,
+    config: Optional[tuple] = None,
+    name: Optional[str] = None,
+) -> KernelQuantized:
+    """NVFP4 of x [rows, cols] with 16x1 blocks along rows (dim 0), optionally after the RHT along rows.
+
+    Equals ``formats.quantize(rht(x.t()) if rht else x.t(), "nvfp4")`` transposed back: outputs are
+    in x's layout, scales [rows / 16, cols]. ``config``: (groups of 16 rows, cols, num_warps).
+    """
+    _check_input(x, 16, "nvfp4_quantize_columns", name)
+    x = x.contiguous()
+    rows, cols = x.shape
+    groups_per_program, block_c, warps = config or COLUMNS_CONFIG
+    global_scales = _global_scales(x, rht=rht)
+    values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes)
+    seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
+    grid = (triton.cdiv(rows // 16, groups_per_program), triton.cdiv(cols, block_c))
+    _quantize_columns_kernel[grid](
+        x, values, codes, scales.view(torch.uint8), global_scales, seed_tensor, rows // 16, cols,
+        GROUPS=groups_per_program, BLOCK_C=block_c, RHT=rht, ROUND_BF16=x.dtype == torch.bfloat16,
+        STOCHASTIC=stochastic, WRITE_CODES=write_codes, num_warps=warps, enable_fp_fusion=False,
+    )
+    return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)

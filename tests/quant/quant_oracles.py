@@ -1,0 +1,155 @@
+"""Independent oracles for the low-precision formats: numpy fp32 arithmetic plus ml_dtypes casts.
+
+Written from the formulas in DESIGN.md / the OCP MX spec / TE's recipe code, without calling
+models.quant: E2M1, E4M3 and E8M0 rounding come from ml_dtypes (round half to even), scalar
+arithmetic is numpy float32 (IEEE), powers of two come from bit fields or np.frexp.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+F32 = np.float32
+FLT_MAX = F32(np.finfo(np.float32).max)
+E2M1 = ml_dtypes.float4_e2m1fn
+E4M3 = ml_dtypes.float8_e4m3fn
+E8M0 = ml_dtypes.float8_e8m0fnu
+E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def to_numpy_f32(x: torch.Tensor) -> np.ndarray:
+    return x.detach().float().cpu().numpy().astype(np.float32)
+
+
+def blocks(x: np.ndarray, tile):
+    """[R, C] -> [R/tr, tr, C/tc, tc] (per tensor: [1, R, 1, C])."""
+    rows, cols = x.shape
+    if tile is None:
+        return x.reshape(1, rows, 1, cols)
+    return x.reshape(rows // tile[0], tile[0], cols // tile[1], tile[1])
+
+
+def e2m1_rne(values: np.ndarray) -> np.ndarray:
+    """fp32 -> E2M1 grid value (saturate at 6, then ml_dtypes' RNE cast), as fp32."""
+    return np.clip(values, -6.0, 6.0).astype(E2M1).astype(F32)
+
+
+def e2m1_codes(values: np.ndarray) -> np.ndarray:
+    return np.clip(values, -6.0, 6.0).astype(E2M1).view(np.uint8)
+
+
+def e4m3_rne(values: np.ndarray) -> np.ndarray:
+    """fp32 -> E4M3 (saturate at 448, then ml_dtypes' RNE cast), as fp32."""
+    return np.clip(values, -448.0, 448.0).astype(E4M3).astype(F32)
+
+
+def e2m1_stochastic(values: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """Round |v| (saturated at 6) up to the next E2M1 grid point iff u < (|v| - lo) / (hi - lo)."""
+    magnitude = np.minimum(np.abs(values.astype(np.float64)), 6.0)
+    lower_index = np.searchsorted(E2M1_GRID, magnitude, side="right") - 1
+    upper_index = np.minimum(lower_index + 1, 7)
+    lower, upper = E2M1_GRID[lower_index], E2M1_GRID[upper_index]
+    step = np.where(upper > lower, upper - lower, 1.0)
+    fraction = np.where(upper > lower, (magnitude - lower) / step, 0.0)
+    rounded = np.where(uniform.astype(np.float64) < fraction, upper, lower)
+    return np.where(np.signbit(values), -rounded, rounded).astype(F32)
+
+
+def nvfp4(x: np.ndarray, tile=(1, 16), uniform=None):
+    """DESIGN.md's NVFP4 formulas. Returns dict: xhat, scaled (q*s_b), q, codes (RNE only), s_b, decode."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        amax = F32(np.max(np.abs(x)))
+        encode = F32(F32(448.0 * 6.0) / amax)
+        encode = min(encode, FLT_MAX)
+        if amax == 0 or encode == 0:
+            encode = F32(1.0)
+        decode = F32(F32(1.0) / encode)
+        blocked = blocks(x, tile)
+        block_amax = np.max(np.abs(blocked), axis=(1, 3), keepdims=True).astype(F32)
+        scale = e4m3_rne((block_amax * F32(encode * F32(1.0 / 6.0))).astype(F32))
+        reciprocal = np.minimum(F32(1.0) / (scale * decode), FLT_MAX).astype(F32)
+        scaled_input = (blocked * reciprocal).astype(F32)
+    if uniform is None:
+        q = e2m1_rne(scaled_input)
+        codes = e2m1_codes(scaled_input).reshape(x.shape)
+    else:
+        q = e2m1_stochastic(scaled_input, blocks(uniform, tile))
+        codes = None
+    scaled = (q * scale).astype(F32)
+    xhat = (scaled * decode).astype(F32)
+    return {
+        "xhat": xhat.reshape(x.shape),
+        "scaled": scaled.reshape(x.shape),
+        "q": q.reshape(x.shape),
+        "codes": codes,
+        "s_b": scale[:, 0, :, 0],
+        "decode": decode,
+    }
+
+
+MX_EMAX = {"mxfp4": 2, "mxfp8": 8}
+
+
+def mx(x: np.ndarray, fmt: str):
+    """OCP MX v1.0: X = 2^clamp(floor(log2 amax) - emax, -127, 127) (zero block: 2^-127); q = elem(x / X)."""
+    block_amax = np.max(np.abs(blocks(x, (1, 32))), axis=(1, 3), keepdims=True).astype(F32)
+    biased = ((block_amax.view(np.uint32) >> 23) & 0xFF).astype(np.int64)
+    # floor(log2(amax)) = biased - 127 for normal amax; subnormal or zero amax clamp to -127 anyway.
+    exponent = np.where(biased == 0, -127, biased - 127 - MX_EMAX[fmt])
+    exponent = np.clip(exponent, -127, 127)
+    scale = np.ldexp(np.float64(1.0), exponent).astype(F32)
+    scale_codes = scale.astype(E8M0).view(np.uint8)[:, 0, :, 0]
+    element = e2m1_rne if fmt == "mxfp4" else e4m3_rne
+    q = element((blocks(x, (1, 32)) / scale).astype(F32))
+    xhat = (q * scale).astype(F32)
+    return {"xhat": xhat.reshape(x.shape), "scale_codes": scale_codes}
+
+
+def fp8_scaled(x: np.ndarray, tile, *, power_of_two: bool, value_for_inf: float):
+    """TE compute_scale_from_amax (eps 0): scale = 448 / amax (inf -> value_for_inf, amax 0 -> 1)."""
+    block_amax = np.max(np.abs(blocks(x, tile)), axis=(1, 3), keepdims=True).astype(F32)
+    with np.errstate(divide="ignore", over="ignore"):
+        scale = (F32(448.0) / block_amax).astype(F32)
+    scale = np.where(np.isinf(scale), F32(value_for_inf), scale).astype(F32)
+    scale = np.where(block_amax == 0, F32(1.0), scale).astype(F32)
+    if power_of_two:
+        _, exponent = np.frexp(scale)  # scale = m * 2^e, m in [0.5, 1): round down = 2^(e - 1)
+        scale = np.ldexp(np.float64(1.0), exponent - 1).astype(F32)
+    decode = (F32(1.0) / scale).astype(F32)
+    q = e4m3_rne((blocks(x, tile) * scale).astype(F32))
+    xhat = (q * decode).astype(F32)
+    return {"xhat": xhat.reshape(x.shape), "decode": decode[:, 0, :, 0]}
+
+
+def hadamard_16() -> np.ndarray:
+    h = np.array([[1.0]])
+    for _ in range(4):
+        h = np.kron(np.array([[1.0, 1.0], [1.0, -1.0]]), h)
+    return h
+
+
+RHT_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], dtype=np.float64)
+
+
+def rht_matrix() -> np.ndarray:
+    """TE's M = diag(s) @ H16 / 4 (float64); rht(x) = x @ M on 16-wide tiles of the last dim."""
+    return np.diag(RHT_SIGNS) @ hadamard_16() / 4.0
+
+
+def rht_float64(x: np.ndarray) -> np.ndarray:
+    shape = x.shape
+    return (x.astype(np.float64).reshape(-1, 16) @ rht_matrix()).reshape(shape)
+
+
+def fresh_input(rows: int, cols: int, scale: float, dtype: torch.dtype, *, block: int = 16) -> torch.Tensor:
+    """Random normal * scale with outliers, a tiny block (denormal block scales) and a zero block."""
+    x = torch.randn(rows, cols, dtype=torch.float64) * scale
+    outliers = torch.randint(0, rows * cols, (max(1, rows * cols // 200),))
+    x.view(-1)[outliers] *= 50.0
+    row = torch.randint(0, rows, (1,)).item()
+    x[row, :block] *= 1e-5  # E4M3 block scale far below the tensor's: subnormal or zero s_b
+    row = torch.randint(0, rows, (1,)).item()
+    x[row, cols - block :] = 0.0  # an all-zero block
+    return x.to(dtype)

@@ -1,0 +1,200 @@
+"""Triton NVFP4 kernels vs the torch reference (models.quant.formats) on the GPU.
+
+RNE: bit-identical codes, E4M3 block scales, scaled values and decode scale, on fresh inputs of
+several scales and shapes (8192x5120 included). SR: always a neighbour, unbiased.
+Run on the GPU machine: ``pytest -m gpu tests/quant``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models.quant import formats
+from models.quant.formats import quantize
+from models.quant.rht import rht
+
+import quant_oracles as oracle
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(16, 16), (80, 400), (256, 1024), (8192, 5120)]
+SCALES = [1e-3, 1.0, 3e3]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    pytest.importorskip("triton")
+    from models.quant import kernels as module
+
+    module.use_triton(True)
+    assert module.enabled()
+    return module
+
+
+def _poison_allocator(numel_bytes: int) -> None:
+    """Fill the caching allocator's free blocks with NaN bytes, so an unwritten output cannot pass."""
+    torch.empty(numel_bytes * 3, dtype=torch.uint8, device="cuda").fill_(0xFF)
+    torch.cuda.synchronize()
+
+
+def _input(shape, scale, dtype):
+    return oracle.fresh_input(shape[0], shape[1], scale, torch.float32).to(dtype).cuda()
+
+
+def _assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    a, e = actual.float(), expected.float()
+    same = (a == e) | (a.isnan() & e.isnan())
+    # -0.0 == 0.0 numerically; the codes compare the sign bit separately
+    assert same.all(), f"{what}: {(~same).sum().item()} of {same.numel()} differ"
+
+
+def _compare(out, reference, *, transposed: bool):
+    view = (lambda t: t.t()) if transposed else (lambda t: t)
+    _assert_bits_equal(view(out.values), reference.scaled_values(out.values.dtype), "scaled values")
+    _assert_bits_equal(
+        view(out.block_scales.view(torch.uint8)), reference.block_scales.view(torch.uint8), "E4M3 scale bits"
+    )
+    assert torch.equal(view(out.codes), reference.codes), "E2M1 codes"
+    _assert_bits_equal(out.decode_scale.reshape(()), reference.tensor_scale, "decode scale")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("two_d", [False, True])
+def test_rows_kernel_bit_identical(kernels, shape, scale, dtype, two_d):
+    x = _input(shape, scale, dtype)
+    _poison_allocator(x.numel() * 4)
+    out = kernels.nvfp4_quantize_rows(x, two_d=two_d, write_codes=True, out_dtype=torch.bfloat16)
+    reference = quantize(x, "nvfp4", tile=(16, 16) if two_d else (1, 16))
+    _compare(out, reference, transposed=False)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("use_rht", [False, True])
+def test_columns_kernel_bit_identical(kernels, shape, scale, dtype, use_rht):
+    x = _input(shape, scale, dtype)
+    _poison_allocator(x.numel() * 4)
+    out = kernels.nvfp4_quantize_columns(x, rht=use_rht, write_codes=True, out_dtype=torch.float32)
+    reference = quantize(rht(x.t()) if use_rht else x.t(), "nvfp4")
+    _compare(out, reference, transposed=True)
+
+
+def test_ties_bit_identical(kernels):
+    """Exact E2M1 and E4M3 ties (see the CPU test of the same name) through the kernels."""
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    block0 = [3.0] + [t / 2 for t in ties] + [-t / 2 for t in ties] + [0.0]
+    rows = [block0, [17 / 64] * 16, [19 / 64] * 16, [1.5 * 2.0**-15] * 16, [7.0] + [0.0] * 15]
+    x = torch.tensor(rows).reshape(1, 80).repeat(16, 1).cuda()
+    out = kernels.nvfp4_quantize_rows(x, write_codes=True)
+    _compare(out, quantize(x, "nvfp4"), transposed=False)
+    out = kernels.nvfp4_quantize_columns(x.t().contiguous(), write_codes=True)
+    _compare(out, quantize(x, "nvfp4"), transposed=True)
+
+
+def test_gpu_reference_matches_cpu_reference():
+    """The torch reference itself is device-independent (CUDA casts and division included)."""
+    x = oracle.fresh_input(64, 256, 1.0, torch.bfloat16)
+    for tile in [(1, 16), (16, 16)]:
+        cpu = quantize(x, "nvfp4", tile=tile)
+        gpu = quantize(x.cuda(), "nvfp4", tile=tile)
+        assert torch.equal(gpu.codes.cpu(), cpu.codes)
+        assert torch.equal(gpu.block_scales.view(torch.uint8).cpu(), cpu.block_scales.view(torch.uint8))
+        assert torch.equal(gpu.dequantize().cpu(), cpu.dequantize())
+    assert torch.equal(rht(x.cuda()).cpu(), rht(x))
+    for fmt in ["mxfp4", "mxfp8", "fp8_block", "fp8_tensor"]:
+        x128 = oracle.fresh_input(128, 256, 1.0, torch.float32)
+        assert torch.equal(quantize(x128.cuda(), fmt).dequantize().cpu(), quantize(x128, fmt).dequantize()), fmt
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_input_gives_nan_everywhere(kernels, bad):
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    x[7, 9] = bad
+    for out in (
+        kernels.nvfp4_quantize_rows(x, write_codes=True),
+        kernels.nvfp4_quantize_rows(x, two_d=True, write_codes=True),
+        kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True),
+    ):
+        assert out.decode_scale.isnan().all()
+        assert (out.values.float() * out.decode_scale).isnan().all()
+    _compare(kernels.nvfp4_quantize_rows(x, write_codes=True), quantize(x, "nvfp4"), transposed=False)
+
+
+def _check_stochastic(q: torch.Tensor, v: torch.Tensor) -> None:
+    """q [draws, n] grid values drawn for the scaled inputs v [n]: neighbours and unbiased."""
+    grid = torch.tensor(formats.E2M1_GRID, device=v.device)
+    magnitude = v.abs()
+    index = torch.searchsorted(grid, magnitude, right=True)
+    lower, upper = grid[index - 1], grid[index.clamp(max=7)]
+    assert ((q.abs() == lower) | (q.abs() == upper)).all()
+    # unbiased: |mean - v| within 6 standard errors, plus 3 draws' worth of slack for tiny
+    # round-up probabilities where the normal approximation of the count is poor
+    draws = q.shape[0]
+    variance = (upper - magnitude) * (magnitude - lower)
+    error = (q.mean(0) - v).abs()
+    assert (error <= 6 * (variance / draws).sqrt() + 3 * (upper - lower) / draws + 1e-6).all()
+    assert (q.std(0) > 0).any()
+
+
+def _grid_values(codes: torch.Tensor) -> torch.Tensor:
+    grid = torch.tensor(formats.E2M1_GRID, device=codes.device)
+    magnitude = grid[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -magnitude, magnitude)
+
+
+def test_stochastic_rows_neighbours_and_unbiased(kernels):
+    draws = 20000
+    row = (torch.randn(1, 64, device="cuda") * 2).to(torch.bfloat16)
+    out = kernels.nvfp4_quantize_rows(row.expand(draws, 64).contiguous(), stochastic=True, write_codes=True, seed=1)
+    reciprocal = torch.minimum(
+        1.0 / (out.block_scales.float()[0].repeat_interleave(16) * out.decode_scale), torch.tensor(formats.FLT_MAX)
+    )
+    v = (row.float()[0] * reciprocal).clamp(-6, 6)
+    _check_stochastic(_grid_values(out.codes), v)
+    again = kernels.nvfp4_quantize_rows(row.expand(draws, 64).contiguous(), stochastic=True, write_codes=True, seed=2)
+    assert not torch.equal(again.codes, out.codes)
+
+
+def test_stochastic_columns_with_rht_neighbours_and_unbiased(kernels):
+    draws = 20000
+    column = (torch.randn(16, 1, device="cuda") * 2).to(torch.bfloat16)
+    x = column.expand(16, draws).contiguous()  # every column is one independent draw
+    out = kernels.nvfp4_quantize_columns(x, rht=True, stochastic=True, write_codes=True)
+    transformed = rht(column.t()).float()[0]  # [16]
+    scale = out.block_scales.float()[0, 0]
+    reciprocal = torch.minimum(1.0 / (scale * out.decode_scale), torch.tensor(formats.FLT_MAX))
+    v = (transformed * reciprocal).clamp(-6, 6)
+    _check_stochastic(_grid_values(out.codes).t(), v)
+
+
+def test_quant_linear_kernels_match_torch_path(kernels):
+    from models.quant.linear import QuantLinear, nvfp4_linear_spec
+
+    torch.manual_seed(0)
+    module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=False)).cuda()
+    x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(4, 64, 384, device="cuda", dtype=torch.bfloat16)
+    results = []
+    try:
+        for use in (True, False):
+            kernels.use_triton(use)
+            module.weight.grad = None
+            xi = x.clone().requires_grad_(True)
+            y = module(xi)
+            y.backward(dy)
+            results.append((y, xi.grad, module.weight.grad))
+    finally:
+        kernels.use_triton(True)
+    (y_fast, dx_fast, dw_fast), (y_ref, dx_ref, dw_ref) = results
+    assert torch.equal(y_fast, y_ref) and torch.equal(dx_fast, dx_ref)
+    # Wgrad's operands are bit-identical too, but the kernel hands them to cuBLAS as transposed
+    # views (no copy), which may change the fp32 accumulation order: allow one bf16 rounding step.
+    torch.testing.assert_close(dw_fast, dw_ref, rtol=2**-7, atol=0)
+    assert (dw_fast == dw_ref).float().mean() > 0.99

@@ -1,0 +1,181 @@
+"""scripts/compare_runs.py on synthetic runs whose relative difference is known by construction."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tools_testing import load_script
+
+compare_runs = load_script("compare_runs")
+
+STEPS = 200
+WARMUP, DECAY_START = 10, 160  # lr rises for 10 steps, is flat until step 160, decays linearly after
+TOKENS_PER_STEP = 4096 * 8
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def lr_at(step: int) -> float:
+    if step <= WARMUP:
+        return 3e-4 * step / WARMUP
+    if step <= DECAY_START:
+        return 3e-4
+    return 3e-4 * (1 - (step - DECAY_START) / (STEPS - DECAY_START + 1))
+
+
+def loss_at(step: int) -> float:
+    return 2.5 + 6.0 / math.sqrt(step) + 0.05 * math.sin(step)  # noisy-looking but known exactly
+
+
+def write_run(directory, factor_stable: float, factor_decay: float, *, log_every: int = 1, extra_lines=(),
+              nan_at=None):
+    """A trainer-like metrics.jsonl: loss = factor x reference loss (stable / decay factor)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = list(extra_lines)
+    for step in range(log_every, STEPS + 1, log_every):
+        factor = factor_stable if step <= DECAY_START else factor_decay
+        record = {"step": step, "tokens": step * TOKENS_PER_STEP, "loss": factor * loss_at(step), "lr": lr_at(step),
+                  "grad_norm": 1.0, "tokens_per_s": 1e5, "step_time_s": 0.3, "mfu": 0.4, "skipped_steps": 0}
+        if step == nan_at:
+            record["loss"] = "nan"  # how trainer.metrics writes a non-finite loss
+        if step % 20 == 0:
+            record["val_loss"] = factor * (loss_at(step) + 0.1)
+        lines.append(json.dumps(record))
+    (directory / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def test_known_relative_difference_in_stable_and_decay_phases(tmp_path, capsys):
+    run_a = write_run(tmp_path / "fp8", 1.0, 1.0, nan_at=77)
+    # B was resumed from step 50: its first attempt at steps 41..60 was logged and superseded.
+    stale = [json.dumps({"step": s, "tokens": s * TOKENS_PER_STEP, "loss": 99.0, "lr": lr_at(s)}) for s in range(41, 61)]
+    run_b = write_run(tmp_path / "nvfp4", 1.01, 1.02)
+    lines = (run_b / "metrics.jsonl").read_text().splitlines()
+    (run_b / "metrics.jsonl").write_text("\n".join(lines[:40] + stale + lines[40:]) + "\n")
+
+    out = tmp_path / "plots" / "compare.png"
+    summary = compare_runs.main([str(run_a), str(run_b), "--out", str(out), "--val", "--json", str(tmp_path / "s.json")])
+    printed = capsys.readouterr().out
+
+    assert summary["phases"]["decay_start_tokens"] == DECAY_START * TOKENS_PER_STEP
+    assert summary["phases"]["stable_start_tokens"] == WARMUP * TOKENS_PER_STEP
+    (loss,) = summary["metrics"]["loss"]
+    assert loss["stable_mean"] == pytest.approx(0.01, abs=1e-12)
+    assert loss["decay_mean"] == pytest.approx(0.02, abs=1e-12)
+    assert loss["final"] == pytest.approx(0.02, abs=1e-12)
+    assert loss["points"] == STEPS - 1  # A's NaN point is dropped, not compared
+    (val,) = summary["metrics"]["val_loss"]
+    assert val["stable_mean"] == pytest.approx(0.01, abs=1e-12) and val["decay_mean"] == pytest.approx(0.02, abs=1e-12)
+    assert "+1.000%" in printed and "+2.000%" in printed and "1 non-finite loss value(s) dropped" in printed
+    assert out.read_bytes()[:8] == PNG_MAGIC and out.stat().st_size > 10_000
+    assert json.loads((tmp_path / "s.json").read_text())["metrics"]["loss"][0]["decay_mean"] == pytest.approx(0.02)
+
+
+def test_several_runs_smoothing_and_coarser_grid(tmp_path):
+    """B = c A survives linear smoothing; A on a coarser grid than B still aligns exactly on A's points."""
+    run_a = write_run(tmp_path / "a", 1.0, 1.0, log_every=5)
+    run_b = write_run(tmp_path / "b", 0.99, 0.99)
+    run_c = write_run(tmp_path / "c", 1.005, 1.005)
+    for smoothing in ("window:5", "ema:0.9"):
+        # Smoothing runs on each run's own points, so on different grids B != c A after smoothing;
+        # compare on equal grids for the exact check.
+        summary = compare_runs.main([str(run_b), str(run_c), "--smooth", smoothing, "--out", str(tmp_path / "s.png")])
+        (entry,) = summary["metrics"]["loss"]
+        assert entry["stable_mean"] == pytest.approx(1.005 / 0.99 - 1, abs=1e-12)
+    summary = compare_runs.main([str(run_a), str(run_b), str(run_c), "--labels", "A", "B", "C",
+                                 "--out", str(tmp_path / "abc.png")])
+    by_run = {entry["run"]: entry for entry in summary["metrics"]["loss"]}
+    assert by_run["B"]["stable_mean"] == pytest.approx(-0.01, abs=1e-12)
+    assert by_run["C"]["decay_mean"] == pytest.approx(0.005, abs=1e-12)
+    assert by_run["B"]["points"] == STEPS // 5
+
+
+def test_align_interpolates_b_onto_a_inside_the_overlap():
+    tokens_a = np.array([0.0, 10.0, 20.0, 30.0, 40.0])
+    tokens_b = np.array([5.0, 15.0, 25.0, 35.0, 45.0])
+    values_b = 2.0 * tokens_b + 1.0  # linear: interpolation is exact
+    grid, _, b_on_a = compare_runs.align(tokens_a, tokens_a * 0 + 1, tokens_b, values_b)
+    assert grid.tolist() == [10.0, 20.0, 30.0, 40.0]  # 0 lies before B starts: not extrapolated
+    assert b_on_a.tolist() == [21.0, 41.0, 61.0, 81.0]
+    with pytest.raises(ValueError, match="do not overlap"):
+        compare_runs.align(tokens_a, tokens_a, tokens_a + 100, tokens_a)
+
+
+def test_smoothing_definitions():
+    values = np.array([1.0, 3.0, 5.0, 7.0])
+    assert compare_runs.smooth(values, "ema:0.5").tolist() == [1.0, 2.0, 3.5, 5.25]
+    assert compare_runs.smooth(values, "window:3").tolist() == [2.0, 3.0, 5.0, 6.0]
+    assert compare_runs.smooth(values, "none").tolist() == values.tolist()
+    for bad in ("ema:1.5", "window:0", "gauss:3", "ema:x"):
+        with pytest.raises(ValueError, match="--smooth"):
+            compare_runs.smooth(values, bad)
+
+
+def test_decay_start_override_and_runs_without_lr(tmp_path):
+    run_a, run_b = write_run(tmp_path / "a", 1.0, 1.0), write_run(tmp_path / "b", 1.01, 1.02)
+    summary = compare_runs.main([str(run_a), str(run_b), "--decay-start-tokens", str(180 * TOKENS_PER_STEP),
+                                 "--out", str(tmp_path / "o.png")])
+    (entry,) = summary["metrics"]["loss"]
+    assert entry["decay_mean"] == pytest.approx(0.02, abs=1e-12)  # steps 181..200 are all in B's decay
+    # Steps 10..180: 151 at +1% and 20 at +2%.
+    assert entry["stable_mean"] == pytest.approx((151 * 0.01 + 20 * 0.02) / 171, abs=1e-12)
+    for directory in (run_a, run_b):
+        lines = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+        (directory / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "lr"}) + "\n"
+                                                         for r in lines))
+    summary = compare_runs.main([str(run_a / "metrics.jsonl"), str(run_b), "--out", str(tmp_path / "p.png")])
+    (entry,) = summary["metrics"]["loss"]
+    assert entry["decay_mean"] is None
+    assert entry["stable_mean"] == pytest.approx((160 * 0.01 + 40 * 0.02) / 200, abs=1e-12)
+
+
+def test_wandb_history_file_is_read(tmp_path):
+    run_a = write_run(tmp_path / "a", 1.0, 1.0)
+    files = tmp_path / "b" / "wandb" / "offline-run-20250101_000000-abc" / "files"
+    files.mkdir(parents=True)
+    with open(files / "wandb-history.jsonl", "w") as handle:
+        for step in range(1, STEPS + 1):
+            handle.write(json.dumps({"_step": step, "tokens": step * TOKENS_PER_STEP,
+                                     "train/loss": 1.03 * loss_at(step), "train/lr": lr_at(step)}) + "\n")
+    run = compare_runs.load_run(str(tmp_path / "b"))
+    assert run.records[0]["step"] == 1 and "loss" in run.records[0] and "lr" in run.records[0]
+    summary = compare_runs.main([str(run_a), str(tmp_path / "b"), "--out", str(tmp_path / "w.png")])
+    assert summary["metrics"]["loss"][0]["stable_mean"] == pytest.approx(0.03, abs=1e-12)
+
+
+def test_bad_runs_fail_naming_the_culprit(tmp_path):
+    good = write_run(tmp_path / "good", 1.0, 1.0)
+    bad_json = tmp_path / "bad_json"
+    bad_json.mkdir()
+    (bad_json / "metrics.jsonl").write_text('{"step": 1, "tokens": 5, "loss": 3.0}\n{"step": 2, oops\n')
+    with pytest.raises(ValueError, match=r"bad_json/metrics.jsonl:2"):
+        compare_runs.main([str(good), str(bad_json), "--out", str(tmp_path / "x.png")])
+    no_tokens = tmp_path / "no_tokens"
+    no_tokens.mkdir()
+    (no_tokens / "metrics.jsonl").write_text('{"step": 1, "loss": 3.0}\n')
+    with pytest.raises(ValueError, match="tokens"):
+        compare_runs.load_run(str(no_tokens))
+    binary_only = tmp_path / "binary" / "wandb" / "offline-run-x"
+    binary_only.mkdir(parents=True)
+    (binary_only / "run-x.wandb").write_bytes(b"\x00\x01")
+    with pytest.raises(ValueError, match="wandb sync"):
+        compare_runs.load_run(str(tmp_path / "binary"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        compare_runs.load_run(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="--wandb-online"):
+        compare_runs.load_run("wandb:me/project/abc")
+    with pytest.raises(SystemExit):
+        compare_runs.main([str(good)])  # one run is nothing to compare
+
+
+def test_wandb_report_logs_the_figure_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run_a, run_b = write_run(tmp_path / "a", 1.0, 1.0), write_run(tmp_path / "b", 1.01, 1.02)
+    summary = compare_runs.main([str(run_a), str(run_b), "--out", str(tmp_path / "report" / "c.png"), "--wandb-report"])
+    images = list((tmp_path / "report" / "wandb").glob("offline-run-*/files/media/images/compare_runs/*.png"))
+    assert len(images) == 1 and images[0].read_bytes()[:8] == PNG_MAGIC
+    assert summary["wandb_dir"].startswith(str(tmp_path / "report" / "wandb"))

@@ -1,0 +1,33 @@
+"""Helpers of the tools tests: load a script of scripts/ as a module, the 12B config from DESIGN.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from models.config import ModelConfig
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+PATTERN_12B = "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-"
+
+
+def load_script(name: str):
+    """Import scripts/<name>.py as a module (scripts/ is not a package)."""
+    module_name = f"_script_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, REPOSITORY / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def config_12b() -> ModelConfig:
+    """Nemotron-Nano-12B-v2's dims, written out from DESIGN.md (independent of configs/model/)."""
+    return ModelConfig(
+        name="hybrid_12b", pattern=PATTERN_12B, vocab_size=131072, hidden_size=5120, ffn_hidden_size=20480,
+        num_attention_heads=40, num_key_value_heads=8, attention_head_dim=128, mamba_num_heads=128,
+        mamba_head_dim=80, ssm_state_size=128, mamba_num_groups=8,
+    ).validate()
