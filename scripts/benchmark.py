@@ -108,12 +108,14 @@ def profile_breakdown(fn) -> Dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         fn()
         torch.cuda.synchronize()
     totals: Dict[str, float] = {}
     kernels: Dict[str, float] = {}
     for event in prof.key_averages():
+        if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue  # CPU-side ops: their kernels are counted as kernel events below
         device_us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
         if device_us <= 0:
             continue
@@ -121,8 +123,16 @@ def profile_breakdown(fn) -> Dict[str, float]:
         totals[component] = totals.get(component, 0.0) + device_us / 1000
         kernels[event.key] = kernels.get(event.key, 0.0) + device_us / 1000
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
+    # The aten ops behind the kernels (with input shapes): where copies and elementwise time come from.
+    ops = []
+    for event in prof.key_averages(group_by_input_shape=True):
+        device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if event.key.startswith("aten::") and device_us > 0:
+            ops.append((device_us / 1000, event.count, event.key, str(event.input_shapes)[:160]))
+    ops.sort(key=lambda row: -row[0])
     return {"components_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
-            "top_kernels_ms": {k[:120]: round(v, 3) for k, v in top}}
+            "top_kernels_ms": {k[:120]: round(v, 3) for k, v in top},
+            "top_aten_ops": [f"{ms:8.2f} ms x{count:<4} {key} {shapes}" for ms, count, key, shapes in ops[:25]]}
 
 
 def bench_precision(precision: str, args) -> dict:

@@ -277,7 +277,10 @@ class DiagnosticsRecorder:
             if not self.armed:
                 return
             entry = self.samples.setdefault(name, {})
-            entry["input"] = self._sample(inputs[0])
+            operand = inputs[0]
+            if torch.is_autocast_enabled(operand.device.type):  # the GEMM sees autocast's dtype
+                operand = operand.to(torch.get_autocast_dtype(operand.device.type))
+            entry["input"] = self._sample(operand)
             if isinstance(output, torch.Tensor) and output.requires_grad:
 
                 def store_gradient(grad):

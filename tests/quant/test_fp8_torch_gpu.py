@@ -340,6 +340,7 @@ def test_tiny_model_trains_with_the_torch_backend():
         model = build_model(_tiny_config())
     model.init_weights()
     emulated_model = copy.deepcopy(model)
+    bf16_model = copy.deepcopy(model)
     cfg = PrecisionConfig(name="fp8", format="fp8_block", backend="torch")
     plan = apply_precision(model, cfg)
     emulated_plan = apply_precision(emulated_model, PrecisionConfig(name="fp8", format="fp8_block", backend="emulated"))
@@ -352,8 +353,14 @@ def test_tiny_model_trains_with_the_torch_backend():
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         native_logits, emulated_logits = model(inputs).float(), emulated_model(inputs).float()
+        bf16_logits = bf16_model(inputs).float()
+    # Per GEMM the two paths differ only by the tensor cores' accumulation (layer tests above);
+    # through 14 layers such differences flip some FP8 roundings downstream, so compare with the
+    # size of FP8 quantization itself: native must sit well closer to emulated than FP8 to BF16.
     relative = (native_logits - emulated_logits).norm() / emulated_logits.norm()
-    assert relative < 1e-2, f"native vs emulated logits: relative difference {relative.item():.3g}"
+    quantization = (bf16_logits - emulated_logits).norm() / emulated_logits.norm()
+    assert relative < 0.5 * quantization, (
+        f"native vs emulated logits {relative.item():.3g}; FP8 vs BF16 {quantization.item():.3g}")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
