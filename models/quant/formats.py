@@ -47,6 +47,19 @@ fp8_tensor) a NaN or Inf anywhere makes the per-tensor decode scale NaN, so the 
 dequantizes to NaN. Nothing non-finite is ever clipped to a finite value. Element codes under a NaN
 scale are meaningless (E2M1 has no NaN code; they are stored as 0).
 
+Two paths, bit-identical (the tests check it on every format, ties, zeros, subnormal scales and
+NaN/Inf included):
+- ``quantize`` builds the element codes (storage, packing, tests) by threshold comparisons and
+  decodes them through ``E2M1_GRID``: the reference.
+- ``quantize_scaled_values`` / ``fake_quantize`` need only the values q * s_b (what an emulated GEMM
+  multiplies), so they round arithmetically and never build codes. E2M1 with step = the grid spacing
+  at |v| (0.5 below 2, 1 in [2, 4), 2 from 4; |v| saturated at 6 first):
+      nearest:     |q| = round_half_even(|v| / step) * step
+      stochastic:  |q| = (floor(|v| / step) + (u < frac)) * step,  frac = |v| / step - floor(|v| / step)
+  |v| / step is exact (step is a power of two), so frac is exactly (|v| - lo) / (hi - lo) above; at
+  |v| = 6, frac = 0 and nothing rounds up. The sign is copied from x (r_b > 0). E4M3 elements are
+  the same cast in both paths.
+
 Sources: TE ``transformer_engine/common/cast/nvfp4/core_nvfp4.cuh``,
 ``transformer_engine/common/recipe/recipe_common.cuh``, ``transformer_engine/common/recipe/
 current_scaling.cu``, ``transformer_engine/pytorch/custom_recipes/quantization_nvfp4.py`` (reference
@@ -159,6 +172,8 @@ class QuantizedTensor:
       float8_e8m0fnu (mxfp4, mxfp8), float32 ``1/scale`` (fp8_block); None for fp8_tensor.
     - ``tensor_scale``: 0-dim fp32 per-tensor decode scale (nvfp4: 1/S_enc; fp8_tensor: 1/scale);
       None for the formats without one.
+    Who needs only the values (an emulated GEMM) calls ``quantize_scaled_values`` or
+    ``fake_quantize``: the same bits as ``scaled_values()`` / ``dequantize()``, without codes.
     """
 
     fmt: str
@@ -232,7 +247,11 @@ class QuantizedTensor:
 
 
 def _blocked_view(x2d: torch.Tensor, tile) -> torch.Tensor:
-    """View [R, C] as [R/tr, tr, C/tc, tc] (per-tensor: [1, R, 1, C]); block reductions use dims (1, 3)."""
+    """View [R, C] as [R/tr, tr, C/tc, tc] (per-tensor: [1, R, 1, C]); block reductions use dims (1, 3).
+
+    Always a view, also of a transposed (column-major) ``x2d``: element-wise ops on it then keep
+    that memory order, so a transposed operand is never copied into row-major order.
+    """
     rows, cols = x2d.shape
     if tile is None:
         return x2d.reshape(1, rows, 1, cols)
@@ -242,7 +261,23 @@ def _blocked_view(x2d: torch.Tensor, tile) -> torch.Tensor:
 
 def _block_amax(blocked: torch.Tensor) -> torch.Tensor:
     """max |x| per block (NaN if the block has a NaN), fp32, shape [R/tr, 1, C/tc, 1]."""
-    return blocked.abs().amax(dim=(1, 3), keepdim=True)
+    return _block_max(blocked.abs())
+
+
+def _block_max(blocked: torch.Tensor) -> torch.Tensor:
+    """max per block of a blocked view [R/tr, tr, C/tc, tc] -> [R/tr, 1, C/tc, 1] (NaN propagates).
+
+    A column-major (transposed) operand is reduced in its memory order, with the block columns
+    outermost, so that the reduction runs along contiguous memory; the result is the same.
+    """
+    if blocked.stride(3) == 1:  # row-major: blocks along contiguous memory
+        return blocked.amax(dim=(1, 3), keepdim=True)
+    columns_first = blocked.permute(2, 3, 0, 1)  # [C/tc, tc, R/tr, tr]: row-major storage of x2d.t()
+    return columns_first.amax(dim=(1, 3), keepdim=True).permute(2, 3, 0, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Element rounding, codes path (the reference: what quantize() stores)
 
 
 def _round_e2m1(
@@ -293,6 +328,63 @@ def _round_e4m3(scaled: torch.Tensor) -> torch.Tensor:
     return scaled.clamp(min=-E4M3_MAX, max=E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+# ----------------------------------------------------------------------------------------------
+# Element rounding, values path (no codes; bit-identical to decoding the codes above)
+
+
+def _e2m1_grid_step(magnitude: torch.Tensor) -> torch.Tensor:
+    """Spacing of the E2M1 grid at |v| in [0, 6]: 0.5 below 2, 1 in [2, 4), 2 from 4 (fp32, new tensor).
+
+    step = max(2^floor(log2 |v|), 1) / 2. 2^floor(log2 |v|) is |v| with its fp32 mantissa bits
+    cleared (0 for zero and subnormal |v|, which the max lifts to 1; +Inf for NaN, so NaN stays NaN
+    through |v| / step).
+    """
+    power_of_two = (magnitude.view(torch.int32) & 0x7F800000).view(torch.float32)
+    return power_of_two.clamp_(min=1.0).mul_(0.5)
+
+
+def _round_e2m1_magnitude_(
+    magnitude: torch.Tensor, rounding: str, uniform: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """|q|: the E2M1 grid value of fp32 |v| (>= 0 or NaN), saturated at 6. Overwrites ``magnitude``.
+
+    nearest:    round_half_even(|v| / step) * step                    (torch.round: half to even)
+    stochastic: (floor(|v| / step) + (u < frac)) * step,  frac = |v| / step - floor(|v| / step)
+    Same ties as ``_round_e2m1``: 0.25 / 0.5 = 0.5 -> 0, 1.25 / 0.5 = 2.5 -> 2, 2.5 / 1 -> 2,
+    5 / 2 = 2.5 -> 2 (so 4), ... |v| / step is exact; frac equals the codes path's
+    (|v| - lo) * (1 / step) exactly; |v| = 6 gives frac = 0, so 6 never rounds up.
+    """
+    magnitude.clamp_(max=E2M1_MAX)  # NaN stays NaN
+    step = _e2m1_grid_step(magnitude)
+    units = magnitude.div_(step)  # |v| / step: exact, step is a power of two
+    if rounding == "nearest":
+        return units.round_().mul_(step)
+    lower = units.floor()
+    fraction = units.sub_(lower)  # exact: lower <= units < 2 * lower, or lower = 0
+    rounds_up = torch.lt(uniform, fraction, out=fraction)  # 1.0 iff u < frac (float: no bool copy)
+    return lower.add_(rounds_up).mul_(step)
+
+
+def _e2m1_scaled_values(
+    blocked: torch.Tensor,
+    magnitude: torch.Tensor,
+    block_scale: torch.Tensor,
+    rounding: str,
+    uniform: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """q * s_b (fp32, blocked) from |v| = |x| * r_b (``magnitude``, overwritten) and the sign of x.
+
+    ``blocked``: the fp32 input, blocked; ``block_scale``: fp32 s_b [R/tr, 1, C/tc, 1]. The sign of
+    v = x * r_b is x's (r_b > 0; where r_b is NaN, s_b is NaN and so is the result).
+    """
+    values = _round_e2m1_magnitude_(magnitude, rounding, uniform)
+    return values.copysign_(blocked).mul_(block_scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# Scales (shared by both paths)
+
+
 def nvfp4_global_scales(amax: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(S_enc, S_dec = 1/S_enc) from the fp32 tensor amax, TE's order; NaN for a non-finite amax."""
     device = amax.device
@@ -304,24 +396,23 @@ def nvfp4_global_scales(amax: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]
     return encode, decode
 
 
-def _quantize_nvfp4(x2d, tile, rounding, uniform):
-    device = x2d.device
-    blocked = _blocked_view(x2d.float(), tile)
-    amax = x2d.float().abs().amax()
-    encode, decode = nvfp4_global_scales(amax)
-    block_amax = _block_amax(blocked)
+def _nvfp4_scales(magnitude: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From |x| blocked (fp32): s_b (float8_e4m3fn), r_b (fp32), both [R/tr, 1, C/tc, 1], and S_dec (0-dim).
+
+    The tensor amax is the max of the block amaxes (max is exact, NaN propagates).
+    """
+    device = magnitude.device
+    block_amax = _block_max(magnitude)
+    encode, decode = nvfp4_global_scales(block_amax.amax())
     block_scale = (block_amax * (encode * _fp32(1.0 / E2M1_MAX, device))).clamp(max=E4M3_MAX)
     block_scale = block_scale.to(torch.float8_e4m3fn)
     reciprocal = _fp32(1.0, device) / (block_scale.float() * decode)
     reciprocal = torch.minimum(reciprocal, _fp32(FLT_MAX, device))
-    scaled = blocked * reciprocal
-    codes = _round_e2m1(scaled, rounding, None if uniform is None else _blocked_view(uniform, tile))
-    return codes, block_scale[:, 0, :, 0], decode
+    return block_scale, reciprocal, decode
 
 
-def _quantize_mx(x2d, fmt, tile, rounding, uniform):
-    blocked = _blocked_view(x2d.float(), tile)
-    block_amax = _block_amax(blocked)
+def _mx_scales(block_amax: torch.Tensor, fmt: str) -> torch.Tensor:
+    """E8M0 block scales X (float8_e8m0fnu, shaped like ``block_amax``) from the fp32 block amax."""
     # floor(log2(amax)) = frexp exponent - 1 (frexp: amax = m * 2^e with m in [0.5, 1)); exact,
     # subnormals included.
     _, exponent = torch.frexp(block_amax)
@@ -330,13 +421,7 @@ def _quantize_mx(x2d, fmt, tile, rounding, uniform):
     scale_code = torch.where(
         torch.isfinite(block_amax), shared + E8M0_BIAS, torch.full_like(shared, E8M0_NAN_CODE)
     )
-    block_scale = scale_code.to(torch.uint8).view(torch.float8_e8m0fnu)
-    scaled = blocked / block_scale.float()  # division by a power of two (or NaN): exact
-    if fmt == "mxfp4":
-        codes = _round_e2m1(scaled, rounding, None if uniform is None else _blocked_view(uniform, tile))
-    else:
-        codes = _round_e4m3(scaled)
-    return codes, block_scale[:, 0, :, 0]
+    return scale_code.to(torch.uint8).view(torch.float8_e8m0fnu)
 
 
 def _fp8_scale_from_amax(amax, *, power_of_two: bool, value_for_inf: float):
@@ -357,12 +442,93 @@ def _fp8_scale_from_amax(amax, *, power_of_two: bool, value_for_inf: float):
     return scale, decode
 
 
+# ----------------------------------------------------------------------------------------------
+# Per format: codes (quantize) and values (quantize_scaled_values, fake_quantize)
+
+
+def _quantize_nvfp4(x2d, tile, rounding, uniform):
+    blocked = _blocked_view(x2d.float(), tile)
+    block_scale, reciprocal, decode = _nvfp4_scales(blocked.abs())
+    scaled = blocked * reciprocal
+    codes = _round_e2m1(scaled, rounding, None if uniform is None else _blocked_view(uniform, tile))
+    return codes, block_scale[:, 0, :, 0], decode
+
+
+def _nvfp4_values(x2d, tile, rounding, uniform):
+    """(q * s_b fp32 blocked, S_dec) without codes."""
+    blocked = _blocked_view(x2d.float(), tile)
+    magnitude = blocked.abs()
+    block_scale, reciprocal, decode = _nvfp4_scales(magnitude)
+    magnitude.mul_(reciprocal)  # |x| * r_b = |x * r_b|
+    uniform = None if uniform is None else _blocked_view(uniform, tile)
+    return _e2m1_scaled_values(blocked, magnitude, block_scale.float(), rounding, uniform), decode
+
+
+def _quantize_mx(x2d, fmt, tile, rounding, uniform):
+    blocked = _blocked_view(x2d.float(), tile)
+    block_scale = _mx_scales(_block_amax(blocked), fmt)
+    scaled = blocked / block_scale.float()  # division by a power of two (or NaN): exact
+    if fmt == "mxfp4":
+        codes = _round_e2m1(scaled, rounding, None if uniform is None else _blocked_view(uniform, tile))
+    else:
+        codes = _round_e4m3(scaled)
+    return codes, block_scale[:, 0, :, 0]
+
+
+def _mx_values(x2d, fmt, tile, rounding, uniform):
+    """q * X (fp32, blocked) without codes."""
+    blocked = _blocked_view(x2d.float(), tile)
+    magnitude = blocked.abs()
+    scale = _mx_scales(_block_max(magnitude), fmt).float()
+    if fmt == "mxfp8":
+        return _round_e4m3(blocked / scale).float().mul_(scale)
+    magnitude.div_(scale)  # |x| / X = |x / X|
+    uniform = None if uniform is None else _blocked_view(uniform, tile)
+    return _e2m1_scaled_values(blocked, magnitude, scale, rounding, uniform)
+
+
 def _quantize_fp8_scaled(x2d, tile, power_of_two, value_for_inf):
     blocked = _blocked_view(x2d.float(), tile)
     amax = _block_amax(blocked)
     scale, decode = _fp8_scale_from_amax(amax, power_of_two=power_of_two, value_for_inf=value_for_inf)
     codes = _round_e4m3(blocked * scale)
     return codes, decode
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+
+
+def _checked_tile(x: torch.Tensor, fmt: str, tile, rounding: str, name: Optional[str]):
+    """Validate the arguments of quantize() and friends; return the resolved tile."""
+    tile = resolve_tile(fmt, tile)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; expected one of {ROUNDINGS}")
+    if rounding == "stochastic" and fmt not in E2M1_FORMATS:
+        raise ValueError(f"stochastic rounding is implemented for E2M1 formats {E2M1_FORMATS}, not {fmt!r}")
+    if x.dtype not in _INPUT_DTYPES:
+        where = f"{name}: " if name else ""
+        raise TypeError(f"{where}cannot quantize dtype {x.dtype}; expected one of {_INPUT_DTYPES}")
+    check_blockable(x.shape, fmt, tile, name=name)
+    return tile
+
+
+def _uniforms(x2d: torch.Tensor, rounding: str, generator) -> Optional[torch.Tensor]:
+    """One uniform per element for stochastic rounding, torch.rand(rows, cols) row-major; else None."""
+    if rounding != "stochastic":
+        return None
+    return torch.rand(x2d.shape, generator=generator, device=x2d.device, dtype=torch.float32)
+
+
+def _laid_out_like(tensor: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Row-major 2D ``tensor``, copied to column-major if ``like`` (same shape) is column-major.
+
+    The uniforms are drawn row-major over the operand; for a transposed (column-major) operand one
+    transposing copy up front is much cheaper than mixing the two memory orders in every later op.
+    """
+    if like.is_contiguous() or not like.t().is_contiguous():
+        return tensor
+    return tensor.t().contiguous().t()
 
 
 def quantize(
@@ -382,19 +548,9 @@ def quantize(
     torch's global RNG when None). ``power_of_two_scales``: fp8_block only. ``name`` (e.g. the
     layer) prefixes shape errors.
     """
-    tile = resolve_tile(fmt, tile)
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"unknown rounding {rounding!r}; expected one of {ROUNDINGS}")
-    if rounding == "stochastic" and fmt not in E2M1_FORMATS:
-        raise ValueError(f"stochastic rounding is implemented for E2M1 formats {E2M1_FORMATS}, not {fmt!r}")
-    if x.dtype not in _INPUT_DTYPES:
-        where = f"{name}: " if name else ""
-        raise TypeError(f"{where}cannot quantize dtype {x.dtype}; expected one of {_INPUT_DTYPES}")
-    check_blockable(x.shape, fmt, tile, name=name)
+    tile = _checked_tile(x, fmt, tile, rounding, name)
     x2d = x.reshape(-1, x.shape[-1])
-    uniform = None
-    if rounding == "stochastic":
-        uniform = torch.rand(x2d.shape, generator=generator, device=x.device, dtype=torch.float32)
+    uniform = _uniforms(x2d, rounding, generator)
 
     tensor_scale = None
     if fmt == "nvfp4":
@@ -422,6 +578,51 @@ def quantize(
     )
 
 
+def _scaled_values_fp32(
+    x: torch.Tensor, fmt: str, tile, rounding: str, generator, power_of_two_scales: bool
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(q * s_b as fp32 [rows, cols], per-tensor decode scale or None): the values path of quantize()."""
+    x2d = x.reshape(-1, x.shape[-1])
+    uniform = _uniforms(x2d, rounding, generator)
+    if uniform is not None:
+        uniform = _laid_out_like(uniform, x2d)
+    tensor_scale = None
+    if fmt == "nvfp4":
+        values, tensor_scale = _nvfp4_values(x2d, tile, rounding, uniform)
+    elif fmt in ("mxfp4", "mxfp8"):
+        values = _mx_values(x2d, fmt, tile, rounding, uniform)
+    elif fmt == "fp8_block":
+        codes, decode = _quantize_fp8_scaled(x2d, tile, power_of_two_scales, float(torch.finfo(x.dtype).max))
+        values = codes.float().mul_(decode)
+    else:  # fp8_tensor: no block scale (q * 1)
+        codes, decode = _quantize_fp8_scaled(x2d, None, False, FLT_MAX)
+        values = codes.float()
+        tensor_scale = decode.reshape(())
+    return values.reshape(x2d.shape), tensor_scale
+
+
+def quantize_scaled_values(
+    x: torch.Tensor,
+    fmt: str,
+    *,
+    tile=None,
+    rounding: str = "nearest",
+    generator: Optional[torch.Generator] = None,
+    power_of_two_scales: bool = True,
+    name: Optional[str] = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(q * s_b in ``dtype`` and x's shape, per-tensor decode scale or None), without element codes.
+
+    Bit for bit ``(q.scaled_values(dtype), q.tensor_scale)`` of ``q = quantize(x, ...)`` with the
+    same arguments (and, for stochastic rounding, the same uniform draws from ``generator``); what
+    an emulated GEMM needs. Keeps x's memory order (a transposed x gives a transposed result).
+    """
+    tile = _checked_tile(x, fmt, tile, rounding, name)
+    values, tensor_scale = _scaled_values_fp32(x, fmt, tile, rounding, generator, power_of_two_scales)
+    return values.reshape(x.shape).to(dtype), tensor_scale
+
+
 def fake_quantize(
     x: torch.Tensor,
     fmt: str,
@@ -432,13 +633,9 @@ def fake_quantize(
     power_of_two_scales: bool = True,
     name: Optional[str] = None,
 ) -> torch.Tensor:
-    """``quantize(x, ...).dequantize()``: x's shape and dtype, every value on the format's grid."""
-    return quantize(
-        x,
-        fmt,
-        tile=tile,
-        rounding=rounding,
-        generator=generator,
-        power_of_two_scales=power_of_two_scales,
-        name=name,
-    ).dequantize()
+    """``quantize(x, ...).dequantize()`` bit for bit (x's shape and dtype), computed without codes."""
+    tile = _checked_tile(x, fmt, tile, rounding, name)
+    values, tensor_scale = _scaled_values_fp32(x, fmt, tile, rounding, generator, power_of_two_scales)
+    if tensor_scale is not None:
+        values = values.mul_(tensor_scale)  # (q * s_b) * S_dec, as dequantize() orders it
+    return values.reshape(x.shape).to(x.dtype)

@@ -21,6 +21,9 @@ Emulated GEMM (backend "emulated"):
   accumulation, the fp32 result is multiplied by (S_dec_a * S_dec_b), then cast. Formats whose
   scaled values are not exact in bf16 (fp8_block without power-of-two scales) take the fp32 path
   for that GEMM and cast the result.
+The operands come from ``formats.quantize_scaled_values`` (the values q * s_b, rounded without
+building element codes; bit for bit ``formats.quantize(...).scaled_values()``). A transposed
+operand (W^T, dY^T, X^T) is quantized as a view in its storage's memory order, never copied.
 The compute dtype is the autocast dtype when autocast is on, else the input's dtype. The output is
 in the compute dtype; dX comes back in the input's dtype, dW in the weight's dtype (FP32 master
 weights stay FP32; W is quantized from them directly).
@@ -334,10 +337,13 @@ def _quantize_operand(
         values = out.values.t() if transpose else out.values
         decode = out.decode_scale.reshape(())
     else:
+        # A transposed operand stays a view of the tensor's storage: the RHT and the quantizer
+        # keep its memory order, and the GEMM takes it as a transposed matrix (no copies).
         matrix = tensor.t() if transpose else tensor
         if spec.rht:
             matrix = rht(matrix, name=name)
-        quantized = formats.quantize(
+        # The values q * s_b only (no element codes): bit for bit quantize(...).scaled_values().
+        values, decode = formats.quantize_scaled_values(
             matrix,
             spec.fmt,
             tile=spec.tile,
@@ -345,11 +351,10 @@ def _quantize_operand(
             generator=generator,
             power_of_two_scales=spec.power_of_two_scales,
             name=name,
+            dtype=values_dtype,
         )
-        values = quantized.scaled_values(values_dtype)
-        decode = quantized.tensor_scale
     if not exact and decode is not None:
-        values, decode = values * decode, None  # (q * s_b) * S_dec: the full fp32 dequantization
+        values, decode = values.mul_(decode), None  # (q * s_b) * S_dec: the full fp32 dequantization
     return _Operand(values, decode)
 
 

@@ -44,13 +44,22 @@ def rht_matrix() -> torch.Tensor:
     return signs[:, None] * hadamard_matrix() / 4
 
 
-def _walsh_hadamard_16(v: torch.Tensor) -> torch.Tensor:
-    """H16 applied to each row of v [n, 16] (fp32) by the fixed four-stage butterfly."""
-    rows = v.shape[0]
-    for stride in (8, 4, 2, 1):
-        pairs = v.reshape(rows, HADAMARD_SIZE // (2 * stride), 2, stride)
-        first, second = pairs[:, :, 0, :], pairs[:, :, 1, :]
-        v = torch.stack([first + second, first - second], dim=2).reshape(rows, HADAMARD_SIZE)
+def _walsh_hadamard_16_(v: torch.Tensor) -> torch.Tensor:
+    """H16 applied along the last dim of v [..., 16] (fp32) by the fixed four-stage butterfly; overwrites v.
+
+    Each stage writes its sums and differences straight into the halves of the other of two
+    buffers (v and one scratch of ``empty_like(v)``, so v's memory order is kept: a transposed
+    operand is processed where it lies, never copied to row-major). After four stages the result
+    is back in v, which is returned.
+    """
+    buffers = (v, torch.empty_like(v))
+    for stage, stride in enumerate((8, 4, 2, 1)):
+        source, target = buffers[stage % 2], buffers[(stage + 1) % 2]
+        pairs = source.unflatten(-1, (HADAMARD_SIZE // (2 * stride), 2, stride))
+        out_pairs = target.unflatten(-1, (HADAMARD_SIZE // (2 * stride), 2, stride))
+        first, second = pairs[..., 0, :], pairs[..., 1, :]
+        torch.add(first, second, out=out_pairs[..., 0, :])
+        torch.sub(first, second, out=out_pairs[..., 1, :])
     return v
 
 
@@ -63,12 +72,17 @@ def _check_last_dim(x: torch.Tensor, name) -> None:
         )
 
 
+def _fp32_tiles(x: torch.Tensor) -> torch.Tensor:
+    """A fresh fp32 copy of x viewed as [..., n / 16, 16], in x's memory order."""
+    return x.to(torch.float32, copy=True).unflatten(-1, (-1, HADAMARD_SIZE))
+
+
 def rht(x: torch.Tensor, *, name=None) -> torch.Tensor:
-    """y = H16 (s * x) / 4 on each 16-wide tile of the last dim; same shape and dtype as x."""
+    """y = H16 (s * x) / 4 on each 16-wide tile of the last dim; same shape, dtype and memory order as x."""
     _check_last_dim(x, name)
     signs = torch.tensor(RHT_SIGNS, dtype=torch.float32, device=x.device)
-    v = x.float().reshape(-1, HADAMARD_SIZE) * signs
-    y = _walsh_hadamard_16(v) * 0.25
+    tiles = x.float().unflatten(-1, (-1, HADAMARD_SIZE))  # a view when x is fp32
+    y = _walsh_hadamard_16_(tiles * signs).mul_(0.25)
     return y.reshape(x.shape).to(x.dtype)
 
 
@@ -76,5 +90,5 @@ def inverse_rht(y: torch.Tensor, *, name=None) -> torch.Tensor:
     """x = s * (H16 y) / 4 on each 16-wide tile of the last dim; the inverse (= transpose) of rht."""
     _check_last_dim(y, name)
     signs = torch.tensor(RHT_SIGNS, dtype=torch.float32, device=y.device)
-    v = _walsh_hadamard_16(y.float().reshape(-1, HADAMARD_SIZE)) * 0.25
-    return (v * signs).reshape(y.shape).to(y.dtype)
+    x = _walsh_hadamard_16_(_fp32_tiles(y)).mul_(0.25).mul_(signs)
+    return x.reshape(y.shape).to(y.dtype)

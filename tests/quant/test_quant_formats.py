@@ -9,11 +9,24 @@ import pytest
 import torch
 
 from models.quant import formats
-from models.quant.formats import fake_quantize, quantize
+from models.quant.formats import fake_quantize, quantize, quantize_scaled_values
 
 import quant_oracles as oracle
 
 SCALES = (1e-39, 2.0**-60, 1e-3, 1.0, 3e4, 2.0**90)
+
+
+def _assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str):
+    """Equal bit for bit (signed zeros included); NaN where and only where expected is NaN."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, what
+    actual, expected = actual.float(), expected.float()  # exact for bf16/fp16
+    nan = expected.isnan()
+    assert torch.equal(actual.isnan(), nan), f"{what}: NaN in {(actual.isnan() != nan).sum()} other places"
+    differ = actual[~nan].view(torch.int32) != expected[~nan].view(torch.int32)
+    assert not differ.any(), (
+        f"{what}: {differ.sum()} of {differ.numel()} differ, e.g. got {actual[~nan][differ][:5].tolist()} "
+        f"expected {expected[~nan][differ][:5].tolist()}"
+    )
 
 
 def _assert_equal(actual: torch.Tensor, expected: np.ndarray, what: str):
@@ -73,6 +86,10 @@ def test_nvfp4_ties_round_half_to_even():
     expected = oracle.nvfp4(oracle.to_numpy_f32(x))
     _assert_equal(quantized.dequantize(), expected["xhat"], "dequantized ties")
     _assert_equal(quantized.codes, expected["codes"].astype(np.float32), "codes at ties")
+    # the values path rounds the same ties the same way
+    _assert_same_bits(fake_quantize(x, "nvfp4"), quantized.dequantize(), "fake_quantize at ties")
+    values, _ = quantize_scaled_values(x, "nvfp4", dtype=torch.float32)
+    _assert_same_bits(values, quantized.scaled_values(torch.float32), "scaled values at ties")
 
 
 def test_nvfp4_tiny_blocks_give_subnormal_and_zero_scales():
@@ -294,3 +311,143 @@ def test_bad_format_tile_and_rounding():
         quantize(torch.randn(4, 32), "nvfp4", rounding="down")
     with pytest.raises(TypeError, match="dtype"):
         quantize(torch.randint(0, 4, (4, 32)), "nvfp4")
+
+
+# ------------------------------------------------------------------------------------------------
+# The values path (quantize_scaled_values, fake_quantize: no codes) against the codes path
+
+
+VALUE_PATH_CASES = [
+    ("nvfp4", (1, 16), "nearest", True),
+    ("nvfp4", (1, 16), "stochastic", True),
+    ("nvfp4", (16, 16), "nearest", True),
+    ("nvfp4", (16, 16), "stochastic", True),
+    ("mxfp4", None, "nearest", True),
+    ("mxfp4", None, "stochastic", True),
+    ("mxfp8", None, "nearest", True),
+    ("fp8_block", (1, 128), "nearest", True),
+    ("fp8_block", (1, 128), "nearest", False),
+    ("fp8_block", (128, 128), "nearest", True),
+    ("fp8_block", (128, 128), "nearest", False),
+    ("fp8_tensor", None, "nearest", False),
+]
+
+
+def _poisoned(x: torch.Tensor) -> torch.Tensor:
+    """x with a NaN, a +Inf and a -Inf in different blocks and rows, and some signed zeros."""
+    x = x.clone()
+    x[3, 7] = math.nan
+    x[70, 200] = math.inf
+    x[100, 40] = -math.inf
+    x[5, 0:8] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("memory_order", ["row_major", "transposed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt,tile,rounding,power_of_two", VALUE_PATH_CASES)
+def test_values_path_equals_codes_path_bit_for_bit(fmt, tile, rounding, power_of_two, dtype, memory_order):
+    """Fresh inputs at every scale (subnormal and zero block scales, outliers), signed zeros, NaN/Inf.
+
+    Stochastic rounding: both paths draw the same uniforms from equally seeded generators. The
+    transposed case is a column-major view (as the Wgrad operands are): same values, same bits.
+    """
+    for scale in SCALES:
+        if dtype == torch.bfloat16 and scale == 1e-39:
+            scale = 1e-37
+        clean = oracle.fresh_input(128, 256, scale, dtype, block=16 if fmt == "nvfp4" else 32)
+        for x in (clean, _poisoned(clean)):
+            if memory_order == "transposed":
+                x = x.t().contiguous().t()
+                assert not x.is_contiguous()
+            what = f"{fmt} {tile} {rounding} scale {scale} {'poisoned' if x.isnan().any() else 'clean'}"
+            kwargs = dict(tile=tile, rounding=rounding, power_of_two_scales=power_of_two)
+            reference = quantize(x, fmt, generator=torch.Generator().manual_seed(5), **kwargs)
+            for values_dtype in (torch.float32, torch.bfloat16):
+                values, tensor_scale = quantize_scaled_values(
+                    x, fmt, generator=torch.Generator().manual_seed(5), dtype=values_dtype, **kwargs
+                )
+                _assert_same_bits(values, reference.scaled_values(values_dtype), f"{what}: scaled values")
+                if reference.tensor_scale is None:
+                    assert tensor_scale is None
+                else:
+                    _assert_same_bits(tensor_scale, reference.tensor_scale, f"{what}: tensor scale")
+            fake = fake_quantize(x, fmt, generator=torch.Generator().manual_seed(5), **kwargs)
+            _assert_same_bits(fake, reference.dequantize(), f"{what}: fake_quantize")
+
+
+def _e2m1_probe_values() -> torch.Tensor:
+    """|v| probing every E2M1 decision: ties, grid points and their fp32 neighbours, tiny and huge values."""
+    points = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] + list(formats.E2M1_GRID) + [6.5, 7.0, 1e30]
+    points = torch.tensor(points, dtype=torch.float32)
+    up = torch.nextafter(points, torch.tensor(math.inf))
+    down = torch.nextafter(points, torch.tensor(0.0))
+    tiny = torch.tensor([1e-45, 1e-40, 2.0**-126, 1e-10, 0.0], dtype=torch.float32)
+    spread = torch.rand(200, generator=torch.Generator().manual_seed(0)) * 6.5
+    return torch.cat([points, up, down, tiny, spread]).clamp(max=7.9)
+
+
+def test_e2m1_rounding_of_the_values_path_at_every_tie_and_boundary():
+    """MXFP4 blocks whose amax is in [4, 8) have scale X = 1, so the elements are rounded as given.
+
+    RNE: both paths against ml_dtypes' E2M1 cast; signs and signed zeros included.
+    """
+    magnitude = _e2m1_probe_values()
+    row = torch.cat([magnitude, -magnitude])
+    row = torch.cat([row, torch.zeros((-row.numel()) % 31)])  # 31 probes + one 6.0 per 32-block
+    blocks = row.reshape(-1, 31)
+    x = torch.cat([blocks, torch.full((blocks.shape[0], 1), 6.0)], dim=1).reshape(1, -1)
+    quantized = quantize(x, "mxfp4")
+    assert (quantized.block_scales.float() == 1.0).all()
+    expected = oracle.e2m1_rne(oracle.to_numpy_f32(x))
+    _assert_equal(quantized.dequantize(), expected, "codes path at E2M1 ties")
+    _assert_same_bits(fake_quantize(x, "mxfp4"), quantized.dequantize(), "values path at E2M1 ties")
+    assert torch.signbit(fake_quantize(torch.tensor([[-0.1] + [6.0] * 31]), "mxfp4")[0, 0])  # -0.1 -> -0.0
+
+
+def test_e2m1_stochastic_rounding_of_the_values_path_with_crafted_uniforms():
+    """u exactly at, just below and just above each fraction: round up iff u < frac, in both paths.
+
+    Against the float64 oracle (ml_dtypes-free arithmetic of the documented rule) as well.
+    """
+    grid = torch.tensor(formats.E2M1_GRID)
+    steps = torch.tensor([0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 2.0])
+    fractions = torch.tensor([0.0, 2.0**-24, 0.25, 0.5, 0.75, 1 - 2.0**-24, 2.0**-20])
+    # |v| = lo + frac * step for every grid interval and fraction (exact in fp32)
+    magnitude = (grid[:7, None] + fractions[None, :] * steps[:, None]).reshape(-1)
+    magnitude = torch.cat([magnitude, torch.tensor([6.0, 6.5, 0.0])])
+    fraction = torch.cat([fractions.repeat(7), torch.zeros(3)])
+    uniforms = [
+        fraction,
+        torch.nextafter(fraction, torch.tensor(0.0)),
+        torch.nextafter(fraction, torch.tensor(1.0)).clamp(max=1 - 2.0**-24),
+        torch.zeros_like(fraction),
+    ]
+    for v in (magnitude, -magnitude):
+        for u in uniforms:
+            codes = formats._round_e2m1(v, "stochastic", u)
+            from_codes = torch.where(codes >= 8, -grid[(codes & 7).long()], grid[(codes & 7).long()])
+            values = formats._round_e2m1_magnitude_(v.abs(), "stochastic", u).copysign_(v)
+            _assert_same_bits(values, from_codes, "SR values path vs codes path")
+            expected = oracle.e2m1_stochastic(v.numpy(), u.numpy())
+            _assert_equal(values, expected, "SR values path vs float64 oracle")
+    # the crafted uniforms really decide: u == frac stays down, u just below frac goes up
+    at = formats._round_e2m1_magnitude_(torch.tensor([0.75]), "stochastic", torch.tensor([0.5]))
+    below = formats._round_e2m1_magnitude_(torch.tensor([0.75]), "stochastic", torch.tensor([0.5 - 2.0**-25]))
+    assert at.item() == 0.5 and below.item() == 1.0
+
+
+def test_values_path_never_builds_codes(monkeypatch):
+    """quantize_scaled_values / fake_quantize of E2M1 formats round arithmetically (no codes, no lookups)."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the values path built E2M1 codes")
+
+    monkeypatch.setattr(formats, "_round_e2m1", forbidden)
+    x = torch.randn(32, 64)
+    for fmt in ("nvfp4", "mxfp4"):
+        for rounding in formats.ROUNDINGS:
+            quantize_scaled_values(x, fmt, rounding=rounding)
+            fake_quantize(x, fmt, rounding=rounding)
+    with pytest.raises(AssertionError, match="built E2M1 codes"):
+        quantize(x, "nvfp4")  # the codes path does, of course

@@ -149,19 +149,34 @@ def test_stochastic_rounding_draws_fresh_numbers_each_step():
 
 def test_dgrad_uses_the_fprop_weight_without_requantizing(monkeypatch):
     calls = []
-    original = quant_linear.formats.quantize
+    original = quant_linear.formats.quantize_scaled_values
 
     def recording_quantize(tensor, fmt, **kwargs):
         calls.append(kwargs.get("name"))
         return original(tensor, fmt, **kwargs)
 
-    monkeypatch.setattr(quant_linear.formats, "quantize", recording_quantize)
+    monkeypatch.setattr(quant_linear.formats, "quantize_scaled_values", recording_quantize)
     x, dy = torch.randn(TOKENS, IN_FEATURES), torch.randn(TOKENS, OUT_FEATURES)
     _run(_layer(nvfp4_linear_spec(weight_2d=True)), x, dy)
     assert not any("Dgrad W^T" in name for name in calls), calls
     calls.clear()
     _run(_layer(nvfp4_linear_spec(weight_2d=False)), x, dy)
     assert sum("Dgrad W^T" in name for name in calls) == 1, calls
+
+
+@pytest.mark.parametrize("builder", [nvfp4_linear_spec, mxfp4_linear_spec])
+def test_emulated_gemms_build_no_element_codes(monkeypatch, builder):
+    """The hot path needs only q * s_b: it rounds arithmetically, with no codes and no table lookups."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the emulated linear built element codes")
+
+    monkeypatch.setattr(quant_linear.formats, "_round_e2m1", forbidden)
+    monkeypatch.setattr(quant_linear.formats.QuantizedTensor, "element_values", forbidden)
+    module = QuantLinear(64, 64, bias=False, spec=builder(), name="blk")  # MX blocks are 32 long
+    x, dy = torch.randn(TOKENS, 64), torch.randn(TOKENS, 64)
+    y, dx, dw = _run(module, x, dy)
+    assert torch.isfinite(y).all() and torch.isfinite(dx).all() and torch.isfinite(dw).all()
 
 
 def test_2d_weight_quantization_is_transpose_invariant():

@@ -66,3 +66,31 @@ def test_wgrad_with_rht_equals_plain_product():
 def test_rht_shape_error_names_the_culprit():
     with pytest.raises(ValueError, match=r"my_layer.*tiles of 16"):
         rht(torch.randn(4, 24), name="my_layer")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transposed_view_gives_the_same_bits_in_its_own_memory_order(dtype):
+    """Wgrad transforms X^T and dY^T, column-major views: no copy to row-major, same result."""
+    x = (torch.randn(64, 48) * 3).to(dtype)
+    view = x.t()  # [48, 64]: tiles of 16 run down the columns of x
+    y = rht(view)
+    assert y.shape == view.shape and y.dtype == dtype
+    assert torch.equal(_bits(y), _bits(rht(view.contiguous())))
+    assert y.t().is_contiguous(), "the transform kept the input's (column-major) memory order"
+    back = inverse_rht(y)
+    assert torch.equal(_bits(back), _bits(inverse_rht(y.contiguous())))
+    if dtype == torch.float32:
+        torch.testing.assert_close(back, view, rtol=0, atol=4e-6)
+
+
+def test_transforms_leave_their_input_alone():
+    x = torch.randn(8, 32)
+    original = x.clone()
+    rht(x)
+    inverse_rht(x)
+    rht(x.t().contiguous().t())
+    assert torch.equal(x, original)
