@@ -77,8 +77,8 @@ def init_distributed(cfg: ParallelConfig) -> DistEnv:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     env = DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
-    if world_size == 1:
-        return env
+    if world_size == 1 and "RANK" not in os.environ:
+        return env  # a plain `python -m trainer`: no process group (torchrun at 1 rank gets one)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
@@ -109,6 +109,8 @@ def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str):
 
 
 def fsdp_enabled(cfg: ParallelConfig, env: DistEnv) -> bool:
+    # YAML 1.1 reads an unquoted on/off as a boolean, which reaches us as "True"/"False".
+    cfg.fsdp = {"True": "on", "False": "off", "true": "on", "false": "off"}.get(cfg.fsdp, cfg.fsdp)
     if cfg.fsdp not in ("auto", "on", "off"):
         raise ValueError(f"parallel.fsdp must be auto, on or off; got {cfg.fsdp!r}")
     if cfg.fsdp == "off" and env.distributed:

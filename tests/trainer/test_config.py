@@ -42,6 +42,15 @@ def test_paper_experiments_carry_the_paper_setup():
     assert (fp8.precision.format, fp8.precision.bf16_layers_at_start, fp8.precision.bf16_layers_at_end) == ("fp8_block", 1, 2)
 
 
+def test_parallel_on_off_survive_yaml():
+    """YAML 1.1 reads a bare `on` as true: the parallel files must still mean FSDP on."""
+    from trainer.distributed import DistEnv, fsdp_enabled
+
+    for name in ("fsdp_ac", "hsdp"):
+        cfg = OmegaConf.to_object(compose_config([f"parallel={name}"]))
+        assert fsdp_enabled(cfg.parallel, DistEnv(0, 0, 1, device=None))
+
+
 def test_every_precision_group_file_composes():
     for path in sorted((CONFIGS / "precision").glob("*.yaml")):
         cfg = OmegaConf.to_object(compose_config([f"precision={path.stem}"]))
