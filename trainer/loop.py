@@ -29,6 +29,7 @@ from trainer.guards import OOM_ADVICE, NonFiniteHalt, PreemptionFlag, StepGuard
 from trainer.hardware import bf16_peak_flops
 from trainer.metrics import MetricsLogger, Throughput, mfu
 from trainer.optim import build_optimizer, lr_at, set_lr
+from trainer.quant_report import QuantDiagnostics
 
 
 @dataclass
@@ -135,6 +136,7 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
 
     model_flops_per_token = flops_per_token(cfg.model, seq_len)
     peak = bf16_peak_flops(env.device) if env.device.type == "cuda" else None
+    diagnostics = QuantDiagnostics(model, plan, cfg.logging.quant_diagnostics_every, logger, run_dir, env.is_main)
     preemption = PreemptionFlag(env.device)
     throughput = Throughput(env.device)
     ctx = StepContext(cfg, env, model, optimizer, state, logger)
@@ -156,8 +158,10 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
             set_lr(optimizer, lr)
 
             try:
-                loss, grad_norm = train_step(model, optimizer, loader, accumulation, autocast, env.device,
-                                             cfg.optim.grad_clip, lambda: [cb.on_after_backward(ctx) for cb in callbacks])
+                with diagnostics.recording(state.step):
+                    loss, grad_norm = train_step(model, optimizer, loader, accumulation, autocast, env.device,
+                                                 cfg.optim.grad_clip,
+                                                 lambda: [cb.on_after_backward(ctx) for cb in callbacks])
             except torch.OutOfMemoryError as error:
                 raise RuntimeError(f"step {state.step}: {OOM_ADVICE}") from error
 
@@ -203,6 +207,7 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
                 metrics["val_loss"] = evaluate(model, validation, autocast, env.device)
             if metrics is not None:
                 logger.log(state.step, metrics)
+            diagnostics.report(state.step)
             for callback in callbacks:
                 callback.on_step_end(ctx, metrics or {})
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -67,6 +68,15 @@ class MetricsLogger:
             if metrics.get("mfu") is not None:
                 postfix["mfu"] = f"{100 * metrics['mfu']:.1f}%"
             self._bar.set_postfix(postfix, refresh=False)
+
+    def log_values(self, step: int, values: dict) -> None:
+        """Extra numbers for W&B only (e.g. per-layer quantization diagnostics; files are the caller's)."""
+        if not self.is_main or self._wandb is None:
+            return
+        try:
+            self._wandb.log(values, step=step)
+        except Exception as error:  # noqa: BLE001
+            self._disable_wandb(error)
 
     def advance(self, steps: int = 1) -> None:
         if self._bar is not None:
@@ -136,11 +146,11 @@ def _start_wandb(cfg: TrainConfig, run_dir: Path):
     except Exception as error:  # noqa: BLE001
         warnings.warn(f"wandb is not importable ({error}); reporting to metrics.jsonl only")
         return None
-    # One W&B run per run directory: a resumed run continues the same W&B run.
-    id_file = run_dir / "wandb_run_id.txt"
-    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
-    id_file.write_text(run_id)
     try:
+        # One W&B run per run directory: a resumed run continues the same W&B run.
+        id_file = run_dir / "wandb_run_id.txt"
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id)
         run = wandb.init(
             project=settings.project,
             entity=settings.entity,

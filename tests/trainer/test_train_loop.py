@@ -97,3 +97,28 @@ def test_late_switch_to_bf16(tmp_path, data_cache):
     assert all(gemm is None for gemm in specs[4])  # from step index 3 on: every GEMM high precision
     assert all(math.isfinite(loss) for loss in summary["losses"])
     assert summary["plan"]["switched_to_bf16"]
+
+
+def test_quantization_diagnostics_every_n_steps(tmp_path, data_cache):
+    cfg = compose_train_config(tiny_overrides(data_cache, steps=4) + ["logging.quant_diagnostics_every=2"], tmp_path)
+    summary = train(cfg)
+    lines = read_jsonl(tmp_path / "quant_diagnostics.jsonl")
+    assert [line["step"] for line in lines] == [2, 4]
+    quantized = {name for name, fmt in summary["plan"]["flop_share_by_format"].items()}
+    assert "nvfp4" in quantized
+    layers = {record["layer"] for record in lines[0]["records"]}
+    assert "layers.0.mixer.in_proj" in layers and "layers.5.mixer.down_proj" not in layers  # the BF16 block
+    operands = {(r["gemm"], r["operand"]) for r in lines[0]["records"] if r["layer"] == "layers.0.mixer.in_proj"}
+    assert operands == {("fprop", "X"), ("fprop", "W"), ("dgrad", "dY"), ("wgrad", "dY^T"), ("wgrad", "X^T")}
+    for record in lines[0]["records"]:
+        assert 0 < record["rel_error"] < 0.5 and 0 <= record["flushed_to_zero"] <= 1
+    assert sum(e["event"] == "quant_diagnostics" for e in read_jsonl(tmp_path / "events.jsonl")) == 2
+
+
+def test_wandb_offline_run_is_written_locally(tmp_path, data_cache):
+    overrides = [o for o in tiny_overrides(data_cache, steps=3) if not o.startswith("logging.wandb")]
+    result = run_cli(overrides + ["logging.wandb.mode=offline"], tmp_path, env={"WANDB_SILENT": "true"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    assert (tmp_path / "wandb_run_id.txt").read_text().strip() in runs[0].name
