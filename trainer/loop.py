@@ -12,6 +12,7 @@ data-parallel ranks x gradient-accumulation steps; tokens per step = global_batc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -146,7 +147,8 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
 
     def trainer_state() -> dict:
         return {"step": state.step, "tokens": state.tokens, "seed": cfg.seed, "data": loader.state_dict(),
-                "guard": guard.state_dict(), "precision": plan.state_dict()}
+                "guard": guard.state_dict(), "precision": plan.state_dict(),
+                "model_config": dataclasses.asdict(cfg.model)}  # lets scripts/export_hf.py rebuild the model
 
     try:
         while state.step < cfg.train.steps:

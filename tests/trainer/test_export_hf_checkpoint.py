@@ -1,0 +1,47 @@
+"""scripts/export_hf.py: a training checkpoint becomes a directory transformers loads, same logits."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from trainer.loop import train
+from trainer_testing import ROOT, compose_train_config, tiny_overrides
+
+
+def _export_script():
+    spec = importlib.util.spec_from_file_location("export_hf_script", ROOT / "scripts" / "export_hf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_checkpoint_exports_to_transformers_with_the_same_logits(tmp_path, data_cache):
+    transformers = pytest.importorskip("transformers")
+    cfg = compose_train_config(tiny_overrides(data_cache, steps=2), tmp_path / "run")
+    train(cfg)
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_00000002"
+    script = _export_script()
+    assert script.main([str(checkpoint), str(tmp_path / "hf"), "--dtype", "float32"]) == 0
+
+    ours = script.load_checkpoint_model(checkpoint)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 64))
+    with torch.no_grad():
+        expected, got = ours(tokens), theirs(tokens).logits
+    assert ((got - expected).norm() / expected.norm()) < 1e-4
+    # the trained weights, not the initial ones, were exported
+    assert not torch.equal(ours.lm_head.weight, _initial_lm_head(cfg))
+
+
+def _initial_lm_head(cfg):
+    from trainer.loop import build_model_on
+
+    return build_model_on(cfg, torch.device("cpu")).lm_head.weight.detach()
+
+
+def test_export_refuses_an_incomplete_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        _export_script().load_checkpoint_model(tmp_path)
