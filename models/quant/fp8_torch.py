@@ -64,7 +64,15 @@ import torch.nn.functional as F
 
 from models.quant import fp8_kernels
 from models.quant.fp8_kernels import BLOCK, round_up
-from models.quant.linear import GEMMS, GemmSpec, LinearSpec, OperandSpec, check_linear_shapes, fp8_block_linear_spec
+from models.quant.linear import (
+    GEMMS,
+    GemmSpec,
+    LinearSpec,
+    OperandSpec,
+    adopt_linear_parameters,
+    check_linear_shapes,
+    fp8_block_linear_spec,
+)
 
 E4M3_MAX = 448.0
 FLT_MAX = torch.finfo(torch.float32).max
@@ -397,17 +405,11 @@ class TorchFp8Linear(nn.Linear):
     @classmethod
     def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, name: str = "") -> "TorchFp8Linear":
         """Wrap an existing nn.Linear, keeping the very same Parameter objects (no copy)."""
-        module = cls.__new__(cls)
-        nn.Module.__init__(module)
-        module.in_features = linear.in_features
-        module.out_features = linear.out_features
-        module.register_parameter("weight", linear.weight)
-        module.register_parameter("bias", linear.bias)
+        module = adopt_linear_parameters(cls, linear)
         module.name = name
         module.spec = spec
         module.step = 0
         module.seed = 0
-        module.train(linear.training)
         return module
 
     @property

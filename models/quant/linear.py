@@ -493,6 +493,22 @@ def check_linear_shapes(spec: LinearSpec, tokens: int, in_features: int, out_fea
             )
 
 
+def adopt_linear_parameters(cls, linear: nn.Linear) -> nn.Linear:
+    """An uninitialized ``cls`` (an nn.Linear subclass) holding ``linear``'s very Parameter objects.
+
+    No copy and no re-initialization: the optimizer, FSDP and checkpoints see the same tensors
+    and state-dict keys as before the swap. The caller sets its own attributes (spec, name...).
+    """
+    module = cls.__new__(cls)
+    nn.Module.__init__(module)
+    module.in_features = linear.in_features
+    module.out_features = linear.out_features
+    module.register_parameter("weight", linear.weight)
+    module.register_parameter("bias", linear.bias)
+    module.train(linear.training)
+    return module
+
+
 class QuantLinear(nn.Linear):
     """nn.Linear whose GEMMs follow ``spec`` (same parameters and state-dict keys as nn.Linear).
 
@@ -520,16 +536,10 @@ class QuantLinear(nn.Linear):
     @classmethod
     def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, name: str = "") -> "QuantLinear":
         """Wrap an existing nn.Linear, keeping the very same Parameter objects (no copy)."""
-        module = cls.__new__(cls)
-        nn.Module.__init__(module)
-        module.in_features = linear.in_features
-        module.out_features = linear.out_features
-        module.register_parameter("weight", linear.weight)
-        module.register_parameter("bias", linear.bias)
+        module = adopt_linear_parameters(cls, linear)
         module.spec = spec
         module.name = name
         module.generator = None
-        module.train(linear.training)
         return module
 
     def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
