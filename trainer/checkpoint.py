@@ -13,6 +13,10 @@ trainer_state.json last and renames the directory to its final name (rename is a
 POSIX filesystems). A run killed mid-save leaves only a `.tmp_` directory, so the next start
 resumes from the previous complete checkpoint.
 
+Async saves (checkpoint.async_save): DCP stages the state to CPU memory and writes it from a
+background thread on a dedicated gloo group; the checkpoint becomes visible (renamed) at the
+first step boundary where every rank has finished writing, or at the next save / the end.
+
 Resharding: DCP stores each tensor's global shape and its shards, so a checkpoint saved by N
 ranks loads on M ranks (or one process without FSDP). RNG states are per rank: they are
 restored when the world size matches and re-seeded from (seed, step, rank) otherwise.
@@ -62,6 +66,14 @@ class Checkpointer:
         self.env = env
         self.dir = Path(cfg.dir) if cfg.dir else Path(run_dir) / "checkpoints"
         self._pending = None  # (future, tmp_dir, final_dir, trainer_state) of an async save
+        # An async save runs its collectives from a background thread: on the default group they
+        # would interleave with the training step's FSDP collectives and deadlock. It gets its own
+        # gloo group (created here, by every rank together).
+        self._async_group = None
+        if cfg.async_save and env.distributed:
+            import torch.distributed as dist
+
+            self._async_group = dist.new_group(backend="gloo")
 
     # ----------------------------------------------------------------------------- finding
     def resume_path(self) -> Optional[Path]:
@@ -96,12 +108,23 @@ class Checkpointer:
         torch.save(_rng_state(), tmp / f"rng_rank{self.env.rank}.pt")
         trainer_state = dict(trainer_state, world_size=self.env.world_size)
         if self.cfg.async_save and self.env.distributed:
-            future = dcp.async_save(state, checkpoint_id=str(tmp))
+            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
             self._pending = (future, tmp, final, trainer_state)
             return final
         dcp.save(state, checkpoint_id=str(tmp))
         self._finalize(tmp, final, trainer_state)
         return final
+
+    def poll(self) -> None:
+        """Make a finished async save visible; call every step (collective while a save is pending)."""
+        if self._pending is None:
+            return
+        import torch.distributed as dist
+
+        done = torch.tensor([1 if self._pending[0].done() else 0], device=self.env.device)
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)  # every rank's shards must be written
+        if done.item():
+            self.wait()
 
     def wait(self) -> None:
         if self._pending is None:

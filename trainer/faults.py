@@ -1,7 +1,7 @@
 """Fault injection for tests: die hard at a chosen point, as a crash or SIGKILL would.
 
 Set in the environment of a training process:
-  HYBRID_TEST_KILL_AT_STEP=N         exit after optimizer step N completes (nothing saved)
+  HYBRID_TEST_KILL_AT_STEP=N         exit once step N is done (logged, periodic checkpoint taken)
   HYBRID_TEST_KILL_DURING_SAVE=N     exit while saving the checkpoint of step N: shards written,
                                      the checkpoint not yet made visible
 Unset (the normal case) they cost one dictionary lookup per step.

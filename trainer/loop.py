@@ -184,7 +184,6 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
             if math.isfinite(loss):
                 interval_losses.append(loss)
             logger.advance()
-            faults.maybe_kill(faults.KILL_AT_STEP, state.step)
 
             metrics = None
             is_last = state.step == cfg.train.steps
@@ -220,10 +219,12 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
                     f"(limit train.max_consecutive_skips={cfg.train.max_consecutive_skips}); "
                     f"checkpoint saved at step {state.step}"
                 )
+            checkpointer.poll()
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and not is_last:
                 checkpointer.save(state.step, model, optimizer, trainer_state())
                 last_saved_step = state.step
                 logger.event(state.step, "checkpoint", tokens=state.tokens)
+            faults.maybe_kill(faults.KILL_AT_STEP, state.step)  # after everything step N does
             if preemption.requested():
                 checkpointer.save(state.step, model, optimizer, trainer_state())
                 last_saved_step = state.step
