@@ -124,8 +124,14 @@ class HybridLM(nn.Module):
 def build_model(cfg: ModelConfig) -> HybridLM:
     """Validate ``cfg`` (ValueError naming the field) and build the model on the current default device.
 
-    Parameters are not initialized here: call ``model.to_empty(device=...)`` if built on meta,
-    seed, then ``model.init_weights()``.
+    On a real device (CPU, CUDA) the model is ready to run: ``init_weights()`` has been called,
+    drawing from torch's global RNG (seed it first for a reproducible model). Some parameters
+    (A_log, D, dt_bias, norm weights) are allocated uninitialized by the constructors, so
+    without it the logits would be garbage or NaN. On the meta device nothing is initialized:
+    the trainer's path is ``to_empty(device=...)``, seed, then ``init_weights()``.
     """
     cfg.validate()
-    return HybridLM(cfg)
+    model = HybridLM(cfg)
+    if model.embeddings.weight.device.type != "meta":
+        model.init_weights()
+    return model

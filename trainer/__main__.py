@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.config import TrainConfig, register_configs
+from trainer.config import CONFIG_DIR, TrainConfig, register_configs
 
 CONFIG_GROUPS = ("model", "precision", "data", "optim", "parallel", "logging", "experiment")
 
@@ -61,7 +61,9 @@ def _field_type(cls, name: str):
 register_configs()
 
 
-@hydra.main(version_base=None, config_path="../configs", config_name="train")
+# An absolute path: the configs are found beside the installed package, whatever the working
+# directory holds (a `configs/` folder there is not ours). `--config-dir DIR` adds one's own.
+@hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="train")
 def main(dict_cfg: DictConfig) -> None:
     cfg: TrainConfig = OmegaConf.to_object(dict_cfg)
     runtime = HydraConfig.get().runtime

@@ -7,8 +7,10 @@ the composed config to these dataclasses once; nothing below it reads a ``DictCo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Sequence
 
 from data.config import DataConfig
 from models.config import ModelConfig
@@ -120,6 +122,17 @@ class CheckpointConfig:
     """Write checkpoints in the background (DCP async_save) while training continues."""
     save_at_end: bool = True
     """Save a checkpoint after the last step."""
+    init_from_hf: Optional[str] = None
+    """A Hugging Face NemotronH directory (config.json + safetensors) to start from: its weights,
+    with a fresh optimizer and schedule (continued pretraining). Its config.json sets the model's
+    architecture. Ignored when a checkpoint is resumed."""
+    export_hf_at_end: bool = False
+    """After the last step, write the model as a Hugging Face directory (weights, config.json,
+    generation_config.json and the tokenizer) to export_hf_dir."""
+    export_hf_dir: Optional[str] = None
+    """Where export_hf_at_end writes; None = <run dir>/hf."""
+    export_hf_dtype: str = "bfloat16"
+    """Weight dtype of the exported directory: bfloat16, float16 or float32."""
 
 
 @dataclass
@@ -159,12 +172,56 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     run_dir: Optional[str] = None
-    """Where metrics, checkpoints and W&B files go; None = Hydra's output directory."""
+    """Where metrics, checkpoints, W&B files and Hydra's own .hydra/ go; None = Hydra's output
+    directory (outputs/<date>/<time>, or $HYBRID_RUN_DIR)."""
+
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+"""The project's Hydra configs: beside the packages in a checkout, an editable install and the
+wheel alike (pyproject.toml installs configs/ next to trainer/)."""
 
 
 def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (called by the entry point and tests)."""
+    """Register the schema with Hydra's ConfigStore and the `first_set` resolver of train.yaml
+    (called by the entry point and `compose`; safe to call again)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("first_set"):
+        # ${first_set:a,b,...}: the first argument that is neither null nor empty. train.yaml uses it
+        # to make Hydra's output directory the run directory when run_dir is given.
+        OmegaConf.register_new_resolver(
+            "first_set", lambda *values: next((v for v in values if v not in (None, "")), None)
+        )
+
+
+def compose(overrides: Sequence[str] = (), config_dir: Optional[str | os.PathLike] = None) -> TrainConfig:
+    """The TrainConfig that `python -m trainer OVERRIDES...` would run, for notebooks and scripts.
+
+    ``overrides`` are the command line's (``+experiment=quickstart``, ``model=tiny``,
+    ``train.steps=3``); ``config_dir`` adds a folder of one's own configs (what ``--config-dir``
+    does on the command line). ``name`` defaults to the
+    experiment's, as on the command line; ``run_dir`` stays None unless given (``train`` then
+    uses outputs/run). A misspelt key or an unknown group option raises Hydra's error naming it.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_configs()
+    overrides = list(overrides)
+    if config_dir is not None:
+        # Searched after the project's configs, as --config-dir is: own files add new names
+        # (experiment/my_run.yaml, model/my_model.yaml); a name the project has stays the project's.
+        extra = Path(config_dir).expanduser().resolve()
+        if not extra.is_dir():
+            raise FileNotFoundError(f"config_dir {extra} is not a directory")
+        overrides.append(f"hydra.searchpath=[file://{extra}]")
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = OmegaConf.to_object(hydra_compose(config_name="train", overrides=overrides))
+    if cfg.name is None:
+        experiments = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")]
+        cfg.name = experiments[-1] if experiments else "default"
+    return cfg
