@@ -50,10 +50,11 @@ class Tokenizer:
     `tokenizers` does not serialize is restored on unpickling.
     """
 
-    def __init__(self, backend: tokenizers.Tokenizer, *, name: str, eos_id: int):
+    def __init__(self, backend: tokenizers.Tokenizer, *, name: str, eos_id: int, path: str | None = None):
         self.backend = backend
         self.name = name
         self.eos_id = int(eos_id)
+        self.path = path  # the tokenizer.json file or tokenizer directory it was read from
         self.vocab_size = int(backend.get_vocab_size(with_added_tokens=True))
         if not 0 <= self.eos_id < self.vocab_size:
             raise DataError(f"tokenizer {name!r}: EOS id {eos_id} is outside its vocabulary of {self.vocab_size}")
@@ -65,6 +66,11 @@ class Tokenizer:
     def identity(self) -> dict:
         """What manifests record; two tokenizers with equal identities encode identically."""
         return {"name": self.name, "sha256": self.sha256, "vocab_size": self.vocab_size, "eos_id": self.eos_id}
+
+    @property
+    def record(self) -> dict:
+        """What checkpoints and run.json record: the identity, the EOS token and where it was read from."""
+        return {**self.identity, "eos_token": self.backend.id_to_token(self.eos_id), "path": self.path}
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
@@ -81,10 +87,11 @@ class Tokenizer:
         Path(path).write_text(self.backend.to_str(), encoding="utf-8")
 
     def __getstate__(self) -> dict:
-        return {"json": self.backend.to_str(), "name": self.name, "eos_id": self.eos_id}
+        return {"json": self.backend.to_str(), "name": self.name, "eos_id": self.eos_id, "path": self.path}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(tokenizers.Tokenizer.from_str(state["json"]), name=state["name"], eos_id=state["eos_id"])
+        self.__init__(tokenizers.Tokenizer.from_str(state["json"]), name=state["name"], eos_id=state["eos_id"],
+                      path=state.get("path"))
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id}, sha256={self.sha256[:12]})"
@@ -127,7 +134,7 @@ def _load_or_train_builtin(cfg: DataConfig) -> Tokenizer:
     eos_id = backend.token_to_id(BUILTIN_EOS)
     if eos_id is None:
         raise DataError(f"builtin tokenizer {path} has no {BUILTIN_EOS} token: delete the file to retrain it")
-    return Tokenizer(backend, name=f"builtin-bpe-v{cfg.builtin_vocab_size}", eos_id=eos_id)
+    return Tokenizer(backend, name=f"builtin-bpe-v{cfg.builtin_vocab_size}", eos_id=eos_id, path=str(path))
 
 
 def _read_tokenizer_json(path: Path) -> tokenizers.Tokenizer:
@@ -178,7 +185,8 @@ def _load_local(cfg: DataConfig) -> Tokenizer:
     for candidate in candidates:
         eos_id = backend.token_to_id(candidate)
         if eos_id is not None:
-            return Tokenizer(backend, name=path.name if path.is_dir() else path.parent.name or path.name, eos_id=eos_id)
+            return Tokenizer(backend, name=path.name if path.is_dir() else path.parent.name or path.name, eos_id=eos_id,
+                             path=str(path.resolve()))
     raise DataError(
         f"tokenizer {path}: no EOS token found (tried {candidates}); set data.eos_token to one of its special tokens"
     )

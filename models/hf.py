@@ -126,25 +126,36 @@ def _check_against_hf_layout(hf_config, state_dict: dict[str, torch.Tensor]) -> 
             raise ValueError(f"export_hf: {name} has shape {tuple(state_dict[name].shape)}, NemotronH expects {shape}")
 
 
+def special_token_ids(tokenizer) -> dict:
+    """``bos_token_id``, ``eos_token_id``, ``pad_token_id`` of a transformers tokenizer (None where it has none)."""
+    return {f"{kind}_token_id": getattr(tokenizer, f"{kind}_token_id", None) for kind in ("bos", "eos", "pad")}
+
+
 def export_hf(
     model: HybridLM,
     out_dir: str | os.PathLike,
     dtype: torch.dtype | None = None,
     max_shard_size: str | int = "5GB",
+    tokenizer=None,
     **config_overrides,
 ) -> Path:
     """Write ``model`` as a Hugging Face NemotronH directory (config.json + safetensors); return its path.
 
-    ``dtype`` casts the weights (default: as they are); ``config_overrides`` go to
-    ``NemotronHConfig`` (e.g. ``bos_token_id``, ``eos_token_id``, ``pad_token_id``).
+    ``dtype`` casts the weights (default: as they are). ``tokenizer`` (a transformers tokenizer,
+    e.g. ``data.hf_tokenizer.to_transformers(...)``) is saved beside them (tokenizer.json,
+    tokenizer_config.json) and its special-token ids go into config.json and
+    generation_config.json, so ``generate()`` stops on its EOS. Without one the ids are left
+    unset (null) rather than NemotronHConfig's defaults, which name arbitrary tokens of another
+    vocabulary. ``config_overrides`` go to ``NemotronHConfig`` last.
     The model must be unsharded (a plain module, e.g. after gathering a checkpoint).
     """
     from huggingface_hub import save_torch_state_dict
-    from transformers import NemotronHConfig
+    from transformers import GenerationConfig, NemotronHConfig
 
     cfg = model.config
     cfg.validate()
     kwargs = hf_config_kwargs(cfg)
+    kwargs.update(special_token_ids(tokenizer))
     kwargs.update(config_overrides)
     hf_config = NemotronHConfig(**kwargs)
     state_dict = to_hf_state_dict(model, dtype)  # in-memory names, checked against transformers' model
@@ -164,6 +175,11 @@ def export_hf(
     out_dir.mkdir(parents=True, exist_ok=True)
     hf_config.save_pretrained(out_dir)
     save_torch_state_dict(state_dict, out_dir, max_shard_size=max_shard_size, metadata={"format": "pt"})
+    if hf_config.eos_token_id is not None:
+        GenerationConfig(bos_token_id=hf_config.bos_token_id, eos_token_id=hf_config.eos_token_id,
+                         pad_token_id=hf_config.pad_token_id).save_pretrained(out_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
     return out_dir
 
 
@@ -230,6 +246,28 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def read_hf_model_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a Hugging Face NemotronH directory's config.json (named after the directory)."""
+    from transformers import NemotronHConfig
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+    return model_config_from_hf(NemotronHConfig.from_pretrained(path), name=path.name or "hf_import")
+
+
+def read_hf_state_dict(
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """The weights of a Hugging Face NemotronH directory under our names, cast to ``dtype``;
+    multi-token-prediction weights (``mtp.*``), which transformers also ignores, are skipped."""
+    return {
+        from_hf_key(name): tensor.to(device=device, dtype=dtype)
+        for name, tensor in _load_safetensors(Path(path)).items()
+        if not name.startswith("mtp.")
+    }
+
+
 def import_hf(
     path: str | os.PathLike,
     dtype: torch.dtype = torch.float32,
@@ -242,19 +280,11 @@ def import_hf(
     fields that do not change the architecture (e.g. ``ssd_backend``, ``name``).
     Multi-token-prediction weights (``mtp.*``), which transformers also ignores, are skipped.
     """
-    from transformers import NemotronHConfig
-
     path = Path(path)
-    hf_config = NemotronHConfig.from_pretrained(path)
-    cfg = model_config_from_hf(hf_config, name=path.name or "hf_import")
+    cfg = read_hf_model_config(path)
     if config_overrides:
         cfg = ModelConfig(**{**cfg.__dict__, **config_overrides}).validate()
-    hf_tensors = _load_safetensors(path)
-    state_dict = {
-        from_hf_key(name): tensor.to(device=device, dtype=dtype)
-        for name, tensor in hf_tensors.items()
-        if not name.startswith("mtp.")
-    }
+    state_dict = read_hf_state_dict(path, dtype=dtype, device=device)
     with torch.device("meta"):
         model = build_model(cfg)
     # assign=True adopts the loaded tensors as parameters; strict=True names any missing or

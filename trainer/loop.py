@@ -28,9 +28,11 @@ from trainer.config import TrainConfig
 from trainer.distributed import DistEnv, all_reduce_mean, broadcast_object, init_distributed, parallelize, shutdown
 from trainer.guards import OOM_ADVICE, NonFiniteHalt, PreemptionFlag, StepGuard
 from trainer.hardware import bf16_peak_flops
+from trainer.hf_init import adopt_hf_architecture, load_hf_weights
 from trainer.metrics import MetricsLogger, Throughput, mfu
 from trainer.optim import build_optimizer, lr_at, set_lr
 from trainer.quant_report import QuantDiagnostics
+from trainer.run_info import write_run_description
 
 
 @dataclass
@@ -82,6 +84,12 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
+    if cfg.checkpoint.init_from_hf:  # the directory's config.json sets the architecture
+        adopted, changed = adopt_hf_architecture(cfg.model, cfg.checkpoint.init_from_hf)
+        cfg = dataclasses.replace(cfg, model=adopted)
+        if env.is_main and changed:
+            print(f"checkpoint.init_from_hf: model config from {cfg.checkpoint.init_from_hf}/config.json; changed: "
+                  + ", ".join(f"{k} {was!r} -> {now!r}" for k, (was, now) in changed.items()), flush=True)
 
     # ---- data and tokenizer first: a bad data config fails before any model is built
     tokenizer = build_tokenizer(cfg.data)
@@ -123,17 +131,22 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
         loader.load_state_dict(saved["data"])
         guard.load_state_dict(saved["guard"])
         plan.load_state_dict(saved.get("precision", {}))
+    elif cfg.checkpoint.init_from_hf:  # weights only: optimizer, schedule and data start fresh
+        load_hf_weights(model, cfg.checkpoint.init_from_hf, env)
 
     if env.is_main:
         plan_text = plan.render()
         print(plan_text, flush=True)
         (run_dir / "precision_plan.txt").write_text(plan_text + "\n")
+        write_run_description(cfg, run_dir, world_size=env.world_size, device=env.device, tokenizer=tokenizer.record)
     logger = MetricsLogger(cfg, run_dir, env.is_main, cfg.train.steps, start_step=state.step)
     if env.is_main:
         logger.log_config_extra({"precision_plan": plan.summary(), "parallel_applied": applied,
                                  "gradient_accumulation": accumulation, "tokens_per_step": tokens_per_step})
         if resume_from is not None:
             logger.event(state.step, "resumed", path=str(resume_from), tokens=state.tokens)
+        elif cfg.checkpoint.init_from_hf:
+            logger.event(state.step, "init_from_hf", path=str(cfg.checkpoint.init_from_hf))
 
     model_flops_per_token = flops_per_token(cfg.model, seq_len)
     peak = bf16_peak_flops(env.device) if env.device.type == "cuda" else None
@@ -148,7 +161,8 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
     def trainer_state() -> dict:
         return {"step": state.step, "tokens": state.tokens, "seed": cfg.seed, "data": loader.state_dict(),
                 "guard": guard.state_dict(), "precision": plan.state_dict(),
-                "model_config": dataclasses.asdict(cfg.model)}  # lets scripts/export_hf.py rebuild the model
+                "model_config": dataclasses.asdict(cfg.model),  # lets scripts/export_hf.py rebuild the model
+                "tokenizer": tokenizer.record}  # and export the tokenizer it was trained with (path, sha256)
 
     try:
         while state.step < cfg.train.steps:
@@ -236,6 +250,12 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
             checkpointer.save(state.step, model, optimizer, trainer_state())
             logger.event(state.step, "checkpoint", tokens=state.tokens)
         checkpointer.wait()
+        if cfg.checkpoint.export_hf_at_end and status == "completed":
+            from trainer.hf_export import export_at_end
+
+            exported = export_at_end(model, cfg, tokenizer, env, Path(cfg.checkpoint.export_hf_dir or run_dir / "hf"))
+            if exported is not None:
+                logger.event(state.step, "export_hf", path=str(exported))
     finally:
         preemption.restore()
         logger.close()

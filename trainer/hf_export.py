@@ -1,0 +1,120 @@
+"""Hugging Face exports of trained models: from a checkpoint, or at the end of a run.
+
+`export_checkpoint(checkpoint, out_dir)` (what scripts/export_hf.py runs) loads a Distributed
+Checkpoint saved by any number of ranks into one unsharded model on the CPU, built from the
+model config recorded in its trainer_state.json, and writes with `models.hf.export_hf`:
+safetensors weights, config.json, generation_config.json and the tokenizer the checkpoint
+records (tokenizer.json, tokenizer_config.json; `data.hf_tokenizer`), whose special-token ids
+are the ones in config.json. The weights are the FP32 master weights cast to `dtype`: the
+quantization of the training GEMMs is not part of the exported model.
+
+`export_at_end(model, cfg, tokenizer, env)` (checkpoint.export_hf_at_end) gathers the trained
+model from every rank instead of reading a checkpoint.
+
+The tokenizer is checked, never guessed: the one used is the recorded path (or the one given)
+and its sha256 must equal the recorded one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def read_trainer_state(checkpoint: Path) -> dict:
+    """trainer_state.json of a complete checkpoint; errors name the directory."""
+    checkpoint = Path(checkpoint)
+    state_file = checkpoint / "trainer_state.json"
+    if not (checkpoint / ".metadata").exists() or not state_file.exists():
+        raise FileNotFoundError(f"{checkpoint} is not a complete checkpoint (needs .metadata and trainer_state.json)")
+    trainer_state = json.loads(state_file.read_text())
+    if "model_config" not in trainer_state:
+        raise KeyError(f"{state_file} records no model_config (saved by an older trainer)")
+    return trainer_state
+
+
+def load_checkpoint_model(checkpoint: Path) -> torch.nn.Module:
+    """The model of a trainer checkpoint, unsharded, in fp32 on the CPU."""
+    import torch.distributed.checkpoint as dcp
+
+    from models import build_model
+    from models.config import ModelConfig
+
+    trainer_state = read_trainer_state(checkpoint)
+    config = ModelConfig(**trainer_state["model_config"])
+    with torch.device("meta"):
+        model = build_model(config)
+    model.to_empty(device="cpu")
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(checkpoint))  # reshards whatever the saving world size was
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def checkpoint_tokenizer(trainer_state: dict, path: Optional[str | Path] = None, where: str = "the checkpoint"):
+    """The data.Tokenizer the checkpoint was trained with: from `path` if given, else from the
+    recorded path; its sha256 must match the recorded one (when one is recorded)."""
+    from data import DataConfig, build_tokenizer
+
+    recorded = trainer_state.get("tokenizer")
+    if path is None:
+        if not recorded or not recorded.get("path"):
+            raise ValueError(f"{where} records no tokenizer (saved by an older trainer): pass the tokenizer it was "
+                             "trained with (--tokenizer PATH, a tokenizer.json or a tokenizer directory)")
+        path = recorded["path"]
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{where} was trained with the tokenizer at {path}, which no longer exists: "
+                                    "pass a copy of it (--tokenizer PATH)")
+    tokenizer = build_tokenizer(DataConfig(tokenizer=str(path), eos_token=(recorded or {}).get("eos_token")))
+    if recorded and recorded.get("sha256") and tokenizer.sha256 != recorded["sha256"]:
+        raise ValueError(f"the tokenizer at {path} (sha256 {tokenizer.sha256[:16]}...) is not the one {where} was "
+                         f"trained with ({recorded.get('path')}, sha256 {recorded['sha256'][:16]}...)")
+    return tokenizer
+
+
+def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str = "bfloat16",
+                      tokenizer: Optional[str | Path] = None) -> Path:
+    """Write a checkpoint as a Hugging Face directory with its tokenizer; returns out_dir."""
+    from data.hf_tokenizer import to_transformers
+    from models.hf import export_hf
+
+    checkpoint = Path(checkpoint)
+    trainer_state = read_trainer_state(checkpoint)
+    ours = checkpoint_tokenizer(trainer_state, tokenizer, where=f"checkpoint {checkpoint}")
+    model = load_checkpoint_model(checkpoint)
+    return export_hf(model, out_dir, dtype=_dtype(dtype), tokenizer=to_transformers(ours))
+
+
+def export_at_end(model: torch.nn.Module, cfg, tokenizer, env, out_dir: Path) -> Optional[Path]:
+    """Gather the trained (possibly FSDP-sharded) model and write it as a Hugging Face directory
+    from rank 0. Collective: every rank calls it. Returns out_dir on rank 0, None elsewhere."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from data.hf_tokenizer import to_transformers
+    from models import build_model
+    from models.hf import export_hf
+
+    dtype = _dtype(cfg.checkpoint.export_hf_dtype)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=env.distributed))
+    if not env.is_main:
+        return None
+    with torch.device("meta"):
+        plain = build_model(cfg.model)
+    # Same names as HybridLM (QuantLinear keeps nn.Linear's); strict: any other name is an error.
+    plain.load_state_dict({name: tensor.detach().to("cpu", torch.float32) for name, tensor in full.items()},
+                          strict=True, assign=True)
+    return export_hf(plain.eval(), out_dir, dtype=dtype, tokenizer=to_transformers(tokenizer))
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"export dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]

@@ -1,0 +1,99 @@
+"""What the run directory says about the run, written by rank 0 at every start.
+
+`<run dir>/config.yaml`  the resolved TrainConfig, as run (`name` and `run_dir` filled in, the
+                         model config as built, e.g. adopted from checkpoint.init_from_hf);
+                         `python -m trainer --config-dir ...` or `OmegaConf.load` read it back.
+`<run dir>/run.json`     how it was started: command line, working directory, git commit of the
+                         source tree (with a dirty flag), package versions, host, devices,
+                         world size, tokenizer identity.
+
+`precision_plan.txt` (loop.py) completes the picture. A restart with the same run_dir rewrites
+both files (events.jsonl records each resume), so they describe the latest start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+PACKAGES = ("hybrid-nvfp4", "torch", "triton", "transformer-engine", "mamba-ssm", "transformers", "tokenizers",
+            "datasets", "hydra-core", "omegaconf", "wandb", "numpy", "safetensors")
+"""Distributions whose versions are recorded (those not installed are recorded as null)."""
+
+
+def package_versions(names=PACKAGES) -> dict:
+    """{distribution: version or None} from the installed metadata."""
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_state(source: Path) -> Optional[dict]:
+    """{commit, dirty} of the git work tree holding `source`; None outside one (e.g. a wheel install)."""
+    def git(*args: str) -> Optional[str]:
+        try:
+            result = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None  # no git on this machine
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return None
+    changes = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(changes), "root": git("rev-parse", "--show-toplevel")}
+
+
+def describe_run(cfg, *, world_size: int, device, tokenizer: Optional[dict] = None) -> dict:
+    """The contents of run.json."""
+    import torch
+
+    source = Path(__file__).resolve().parents[1]
+    devices = None
+    if device.type == "cuda":
+        devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {
+        "name": cfg.name,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": [sys.executable, *sys.argv],
+        "interpreter_command": list(getattr(sys, "orig_argv", [])),
+        "cwd": os.getcwd(),
+        "source": str(source),
+        "git": git_state(source),
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        "host": socket.gethostname(),
+        "world_size": world_size,
+        "device": device.type,
+        "cuda_devices": devices,
+        "cuda": torch.version.cuda,
+        "tokenizer": tokenizer,
+    }
+
+
+def config_yaml(cfg) -> str:
+    """The resolved config as YAML (the dataclasses through OmegaConf, so it reloads as TrainConfig)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(cfg)), resolve=True)
+
+
+def write_run_description(cfg, run_dir: Path, *, world_size: int, device, tokenizer: Optional[dict] = None) -> None:
+    """Write config.yaml and run.json into `run_dir` (rank 0 only)."""
+    run_dir = Path(run_dir)
+    (run_dir / "config.yaml").write_text(config_yaml(cfg))
+    description = describe_run(cfg, world_size=world_size, device=device, tokenizer=tokenizer)
+    (run_dir / "run.json").write_text(json.dumps(description, indent=1) + "\n")
