@@ -35,7 +35,7 @@ class SourceConfig:
     hf_config: Optional[str] = None
     """kind='hf': the dataset's configuration (subset) name, if it has several."""
     split: str = "train"
-    """kind='hf': the split of the Hub dataset to read (local files form one split); validation is carved out by documents."""
+    """kind='hf' (or a saved DatasetDict directory): the split to read (local files form one split); validation is carved out by documents."""
     text_field: str = "text"
     """Column holding each document's text."""
     weight: float = 1.0

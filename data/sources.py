@@ -10,7 +10,9 @@ Local files: `path` is a file, a directory (searched recursively; files sorted b
 glob. Formats by extension: .jsonl/.json (also .gz, .zst, .bz2, .xz) -> "json", .parquet ->
 "parquet", .txt (also .gz) -> "text" (one document per file by default). Files in a directory
 with other extensions are listed in a warning and not read; an empty file or a format mix is
-an error naming the files.
+an error naming the files. A directory written by `datasets`' save_to_disk is read with
+load_from_disk, and Megatron .bin/.idx corpora are refused naming the file
+(data/saved_datasets.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ from pathlib import Path
 from data.builtin import load_builtin_corpus
 from data.config import DataConfig, SourceConfig
 from data.errors import DataError
+from data.saved_datasets import (
+    SUPPORTED_FORMATS,
+    describe_saved_dataset,
+    is_saved_dataset,
+    load_saved_dataset,
+    refuse_megatron,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,9 @@ def resolve_data_files(source: SourceConfig) -> tuple[list[Path], str]:
     else:
         raise DataError(f"{where}: no such file or directory")
     candidates = sorted(candidates, key=lambda path: path.as_posix())
+    refuse_megatron(candidates, where)
+    if Path(raw).is_file() and source.file_format == "auto" and not _format_of(Path(raw)):
+        raise DataError(f"{where}: {raw} is not of a supported format; supported: {SUPPORTED_FORMATS}")
     if source.file_format == "auto":
         files = [path for path in candidates if _format_of(path)]
         ignored = [path for path in candidates if not _format_of(path)]
@@ -69,7 +81,8 @@ def resolve_data_files(source: SourceConfig) -> tuple[list[Path], str]:
     else:
         files, file_format = candidates, source.file_format
     if not files:
-        raise DataError(f"{where}: no data files (.jsonl, .json, .parquet, .txt) found")
+        found = f" (found only {[str(p) for p in candidates[:5]]})" if candidates else ""
+        raise DataError(f"{where}: no data files found{found}; supported: {SUPPORTED_FORMATS}")
     for path in files:
         if path.stat().st_size == 0:
             raise DataError(f"{where}: data file {path} is empty")
@@ -81,6 +94,8 @@ def describe_source(source: SourceConfig, cfg: DataConfig) -> dict:
     if source.kind == "builtin":
         return load_builtin_corpus(cfg.builtin_corpus_mb).describe()
     common = {"kind": source.kind, "split": source.split, "text_field": source.text_field}
+    if source.kind == "files" and is_saved_dataset(Path(os.path.expanduser(source.path or ""))):
+        return {**common, **describe_saved_dataset(Path(os.path.expanduser(source.path)))}
     if source.kind == "files":
         files, file_format = resolve_data_files(source)
         stats = [path.stat() for path in files]
@@ -105,7 +120,10 @@ def load_source(source: SourceConfig, cfg: DataConfig):
         corpus = load_builtin_corpus(cfg.builtin_corpus_mb)
         dataset = datasets.Dataset.from_dict({source.text_field: list(corpus.texts), "path": list(corpus.relative_paths)})
         return dataset.to_iterable_dataset() if source.streaming else dataset
-    if source.kind == "files":
+    if source.kind == "files" and is_saved_dataset(Path(os.path.expanduser(source.path or ""))):
+        where = f"source {source.name!r} (datasets directory {source.path})"
+        dataset = load_saved_dataset(Path(os.path.expanduser(source.path)), source.split, source.streaming, where)
+    elif source.kind == "files":
         files, file_format = resolve_data_files(source)
         where = f"source {source.name!r} (files {[str(p) for p in files[:3]]}{'...' if len(files) > 3 else ''})"
         options = {"sample_by": source.text_sample_by} if file_format == "text" else {}

@@ -34,18 +34,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
 from models.flops import flops_per_token  # noqa: E402
 from models.quant.recipe import apply_precision  # noqa: E402
-from trainer.config import register_configs  # noqa: E402
+from trainer.config import compose  # noqa: E402
 from trainer.distributed import DistEnv, parallelize  # noqa: E402
 from trainer.hardware import bf16_peak_flops  # noqa: E402
 from trainer.loop import build_model_on  # noqa: E402
 from trainer.optim import build_optimizer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 # name -> config overrides. fp8 runs natively through torch._scaled_mm; nvfp4 is emulated on
 # Hopper; nvfp4_te runs through Transformer Engine where the GPU supports it (Blackwell).
 PRECISIONS = {
@@ -69,15 +65,13 @@ COMPONENTS = [
 
 
 def build_config(precision: str, args) -> object:
-    register_configs()
     overrides = [
         f"model={args.model}", *PRECISIONS[precision], f"data.seq_len={args.seq_len}",
         "precision.bf16_layers_at_start=0", "precision.bf16_layers_at_end=0",
         f"parallel.activation_checkpoint={args.activation_checkpoint}", f"parallel.compile={str(args.compile).lower()}",
         "parallel.fsdp=off", "logging.wandb.mode=disabled",
     ] + args.override
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        return OmegaConf.to_object(compose(config_name="train", overrides=overrides))
+    return compose(overrides)
 
 
 def cuda_time_ms(fn, warmup: int, iters: int) -> List[float]:

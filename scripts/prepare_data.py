@@ -1,20 +1,30 @@
 """Tokenize a data config's sources into token shards (resumable), or verify prepared ones.
 
     python scripts/prepare_data.py                                   # the built-in corpus (configs/data/builtin.yaml)
+    python scripts/prepare_data.py --source files --path /data/corpus --tokenizer /models/tok --out /fast/shards
     python scripts/prepare_data.py --config local_jsonl sources.0.path=/data/corpus/ num_proc=16
-    python scripts/prepare_data.py --config configs/data/my.yaml prepared_dir=/fast/shards --verify
+    python scripts/prepare_data.py +experiment=nvfp4_12b data.prepared_dir=/fast/shards --verify
 
---config is a name under configs/data/ or a yaml path; the rest are `key=value` overrides of
-DataConfig fields (dotted, list indices as numbers, values parsed as YAML). Interrupt at any
-time and run the same command again: finished shards are kept. Prints, per source, the
-directory, tokens and documents per split, and the rate.
+One source from flags: --source files (--path: a file, a directory, a glob, or a directory
+written by datasets' save_to_disk; --split picks a saved DatasetDict's split) or --source hf
+(--path: a Hub dataset name), with --tokenizer, --out (the prepared_dir training reads with
+data.prepared_dir=...) and --num-proc. Or a whole data config: --config is a name under configs/data/ or a yaml path.
+The remaining arguments are overrides as `python -m trainer` takes them (composed with
+trainer.config.compose): DataConfig keys with or without the `data.` prefix
+(`num_proc=16`, `data.sources.0.path=...`), or `+experiment=NAME`, so the data of an
+experiment is prepared exactly as its training run will read it. Flags apply last.
+
+Interrupt at any time and run the same command again: finished shards are kept. Prints, per
+source, the directory, tokens and documents per split, and the rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,47 +32,94 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 if str(REPOSITORY) not in sys.path:  # run as a file from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPOSITORY))
 
-import yaml  # noqa: E402  (PyYAML comes with omegaconf)
-from omegaconf import OmegaConf  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from data import DataConfig, build_tokenizer, prepare_source, prepared_directory, validate_data_config  # noqa: E402
+from data import DataConfig, SourceConfig, build_tokenizer, prepare_source, prepared_directory, validate_data_config  # noqa: E402
 from data.shards import open_split  # noqa: E402
+from trainer.config import CONFIG_DIR, compose  # noqa: E402
+
+TRAIN_LEVEL = ("data.", "data=", "+data", "experiment=", "+experiment=", "~")
+"""Overrides that are passed on as they are; any other key is a DataConfig key (gets `data.`)."""
 
 
-def load_data_config(config: str, overrides: list[str]) -> DataConfig:
-    """DataConfig from a configs/data name or yaml path plus key=value overrides (unknown keys fail, naming them)."""
-    path = Path(config)
-    if not path.suffix:
-        path = REPOSITORY / "configs" / "data" / f"{config}.yaml"
-    if not path.is_file():
-        available = sorted(p.stem for p in (REPOSITORY / "configs" / "data").glob("*.yaml"))
-        raise SystemExit(f"data config {config!r} not found (looked for {path}); available: {available}")
-    merged = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.load(path))
-    for override in overrides:
-        key, separator, value = override.partition("=")
-        if not separator:
+def load_data_config(config: str | None, overrides: list[str], flags: argparse.Namespace | None = None) -> DataConfig:
+    """DataConfig from a configs/data name or a yaml path, overrides and flags (errors name the culprit)."""
+    hydra_overrides = [o if o.startswith(TRAIN_LEVEL) else f"data.{o}" for o in overrides]
+    for override in hydra_overrides:
+        if "=" not in override and not override.startswith("~"):
             raise SystemExit(f"override {override!r} is not key=value")
-        OmegaConf.update(merged, key.removeprefix("data."), yaml.safe_load(value), merge=True)
-    missing = sorted(OmegaConf.missing_keys(merged))
-    if missing:
-        raise SystemExit(f"{path}: set {missing} (e.g. {missing[0]}=...)")
-    cfg = OmegaConf.to_object(merged)
+    with tempfile.TemporaryDirectory() as own_configs:
+        config_dir = None
+        if config is not None:
+            path = Path(config)
+            if path.suffix in (".yaml", ".yml"):
+                if not path.is_file():
+                    raise SystemExit(f"data config file {path} not found")
+                # A file anywhere becomes a data group option in a folder of one's own configs.
+                (Path(own_configs) / "data").mkdir()
+                shutil.copy(path, Path(own_configs) / "data" / "_from_file.yaml")
+                config, config_dir = "_from_file", own_configs
+            elif not (CONFIG_DIR / "data" / f"{config}.yaml").is_file():
+                available = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
+                raise SystemExit(f"data config {config!r} not found in {CONFIG_DIR / 'data'}; available: {available}")
+            hydra_overrides.insert(0, f"data={config}")
+        cfg = compose(hydra_overrides, config_dir=config_dir).data
+    if flags is not None:
+        apply_flags(cfg, flags)
     validate_data_config(cfg)
     return cfg
 
 
+def apply_flags(cfg: DataConfig, flags: argparse.Namespace) -> None:
+    """The one-source flags (--source/--path/...) and --tokenizer/--out/--num-proc, in place."""
+    if flags.source is not None:
+        if any(o.removeprefix("data.").startswith("sources") for o in flags.overrides):
+            raise SystemExit("--source describes the one source: give its settings as flags (--path, --split, "
+                             "--text-field, ...), not as sources.* overrides")
+        if not flags.path and flags.source != "builtin":
+            raise SystemExit(f"--source {flags.source} needs --path (a file, directory or glob; a Hub name for hf)")
+        name = flags.name or ("builtin" if flags.source == "builtin" else Path(flags.path.rstrip("/*")).name or flags.source)
+        source = SourceConfig(name=name, kind=flags.source, text_field=flags.text_field, streaming=flags.streaming,
+                              split=flags.split)
+        if flags.source == "files":
+            source.path = flags.path
+        elif flags.source == "hf":
+            source.hf_name, source.hf_config = flags.path, flags.hf_config
+        cfg.sources = [source]
+    elif flags.path or flags.name:
+        raise SystemExit("--path and --name describe a --source; give --source files|hf|builtin too")
+    if flags.tokenizer is not None:
+        cfg.tokenizer = flags.tokenizer
+    if flags.out is not None:
+        cfg.prepared_dir = flags.out
+    if flags.num_proc is not None:
+        cfg.num_proc = flags.num_proc
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="builtin", help="name under configs/data/ or a yaml file (default: builtin)")
+    parser.add_argument("--config", default=None, help="name under configs/data/ or a yaml file (default: builtin)")
+    parser.add_argument("--source", choices=("files", "hf", "builtin"), default=None,
+                        help="prepare this one source instead of the config's sources")
+    parser.add_argument("--path", default=None, help="--source files: file, directory, glob or save_to_disk "
+                                                     "directory; --source hf: the Hub dataset name")
+    parser.add_argument("--name", default=None, help="the source's name (its folder under --out); default from --path")
+    parser.add_argument("--text-field", default="text", help="column holding each document's text (default: text)")
+    parser.add_argument("--hf-config", default=None, help="--source hf: the dataset's configuration (subset)")
+    parser.add_argument("--split", default="train", help="--source hf or a saved DatasetDict: the split to read")
+    parser.add_argument("--streaming", action="store_true", help="read the source as a stream (larger than disk)")
+    parser.add_argument("--tokenizer", default=None, help="'builtin', a tokenizer.json or a tokenizer directory")
+    parser.add_argument("--out", default=None, help="directory of the prepared shards (data.prepared_dir)")
+    parser.add_argument("--num-proc", type=int, default=None, help="tokenizing processes (0 = one per core)")
     parser.add_argument("--verify", action="store_true", help="only verify prepared shards (sizes, checksums, tokenizer)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("overrides", nargs="*", help="DataConfig overrides, key=value")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value (DataConfig keys, data.*, +experiment=)")
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_data_config(arguments.config, arguments.overrides)
-    except (ValueError, OmegaConfBaseException) as error:  # a bad key or value: say which, no traceback
+        cfg = load_data_config(arguments.config, arguments.overrides, arguments)
+    except (ValueError, OmegaConfBaseException, HydraException) as error:  # a bad key or value: say which
         raise SystemExit(f"bad data config: {error}") from None
     tokenizer = build_tokenizer(cfg)
     print(f"tokenizer: {tokenizer}")

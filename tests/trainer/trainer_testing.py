@@ -8,9 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,11 +25,9 @@ def tiny_overrides(cache_dir: Path, steps: int = 6) -> list:
 
 
 def compose_train_config(overrides: list, run_dir: Path):
-    from trainer.config import register_configs
+    from trainer.config import compose
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        cfg = OmegaConf.to_object(compose(config_name="train", overrides=overrides))
+    cfg = compose(overrides)
     cfg.run_dir = str(run_dir)
     cfg.name = "test"
     return cfg
