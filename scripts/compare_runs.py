@@ -8,7 +8,7 @@
 The first run (A) is the reference; every other run B is compared with it. Each RUN is
   - a run directory holding ``metrics.jsonl`` (what the trainer writes), or a ``metrics.jsonl`` path;
   - else a directory with a W&B history file, ``wandb/run-*/files/wandb-history.jsonl`` or
-    ``files/wandb-history.jsonl`` (keys ``tokens``, ``train/loss``, ``train/lr``, ``train/val_loss``).
+    ``files/wandb-history.jsonl`` (keys ``tokens``, ``train/loss``, ``train/lr``, ``val/loss``).
     Offline W&B runs keep their history only in the binary ``run-*.wandb`` file, which this tool does
     not read: it says so and points at metrics.jsonl or ``wandb sync`` + ``--wandb-online``;
   - ``wandb:entity/project/run_id`` with ``--wandb-online`` (read through ``wandb.Api``).
@@ -108,8 +108,11 @@ def read_jsonl(path: Path, key_map: Optional[Dict[str, str]] = None) -> List[dic
 
 
 def _history_key_map(keys) -> Dict[str, str]:
-    """W&B history keys -> metrics.jsonl keys: 'train/loss' -> 'loss', '_step' -> 'step' (if no 'step')."""
+    """W&B history keys -> metrics.jsonl keys: 'train/loss' -> 'loss', 'val/loss' (or the older
+    'train/val_loss') -> 'val_loss', '_step' -> 'step' (if no 'step')."""
     mapping = {key: key[len("train/"):] for key in keys if key.startswith("train/")}
+    if "val/loss" in keys:
+        mapping["val/loss"] = "val_loss"
     if "step" not in keys:
         mapping["_step"] = "step"
     return mapping

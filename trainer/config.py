@@ -85,7 +85,7 @@ class WandbConfig:
     entity: Optional[str] = None
     """W&B entity (team or user); None = wandb's default."""
     group: Optional[str] = None
-    """W&B group; None = the experiment name, so a run and its baseline sit together."""
+    """W&B group; None = the experiment name without its precision (nvfp4_12b and fp8_12b -> 12b), so a run and its baseline sit together."""
     name: Optional[str] = None
     """W&B run name; None = <experiment>-<precision>-<timestamp>."""
 

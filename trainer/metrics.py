@@ -4,10 +4,11 @@
                            tokens_per_s, step_time_s, mfu, ... (see loop.py)
 `<run dir>/events.jsonl`   one line per event: precision switch, skipped step, loss spike,
                            checkpoint, preemption
-W&B                        the same metrics (x-axis `tokens` available), grouped by experiment,
-                           with the full resolved config. Offline by default; any failure of
-                           wandb (import, init, network) is reported once and reporting goes on
-                           without it: W&B never stops a run.
+W&B                        the same metrics (x-axis `tokens` available): training ones under
+                           `train/`, validation loss under `val/loss`; runs of one comparison in
+                           one group (trainer/wandb_report.py), with the full resolved config.
+                           Offline by default; any failure of wandb (import, init, network) is
+                           reported once and reporting goes on without it: W&B never stops a run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.config import TrainConfig
+from trainer.wandb_report import comparison_group
+
+W_AND_B_KEYS = {"tokens": "tokens", "val_loss": "val/loss"}
+"""metrics.jsonl key -> W&B key where it is not train/<key>."""
 
 
 def _jsonable(value):
@@ -57,7 +62,7 @@ class MetricsLogger:
         self._metrics.write(json.dumps(line) + "\n")
         if self._wandb is not None:
             try:
-                self._wandb.log({f"train/{k}" if k not in ("tokens",) else k: v for k, v in metrics.items()
+                self._wandb.log({W_AND_B_KEYS.get(k, f"train/{k}"): v for k, v in metrics.items()
                                  if isinstance(v, (int, float))}, step=step)
             except Exception as error:  # noqa: BLE001 - W&B must never stop training
                 self._disable_wandb(error)
@@ -69,8 +74,13 @@ class MetricsLogger:
                 postfix["mfu"] = f"{100 * metrics['mfu']:.1f}%"
             self._bar.set_postfix(postfix, refresh=False)
 
+    @property
+    def wandb_active(self) -> bool:
+        """True on rank 0 while W&B reporting runs (callers skip building W&B-only objects otherwise)."""
+        return self.is_main and self._wandb is not None
+
     def log_values(self, step: int, values: dict) -> None:
-        """Extra numbers for W&B only (e.g. per-layer quantization diagnostics; files are the caller's)."""
+        """Extra values for W&B only (e.g. the quantization diagnostics table; files are the caller's)."""
         if not self.is_main or self._wandb is None:
             return
         try:
@@ -154,7 +164,7 @@ def _start_wandb(cfg: TrainConfig, run_dir: Path):
         run = wandb.init(
             project=settings.project,
             entity=settings.entity,
-            group=settings.group or cfg.name,
+            group=settings.group or comparison_group(cfg.name or "default"),
             name=settings.name or f"{cfg.name}-{cfg.precision.name}-{run_id}",
             id=run_id,
             resume="allow",
@@ -165,6 +175,7 @@ def _start_wandb(cfg: TrainConfig, run_dir: Path):
         )
         run.define_metric("tokens")
         run.define_metric("train/*", step_metric="tokens", step_sync=True)
+        run.define_metric("val/*", step_metric="tokens", step_sync=True)
         return run
     except Exception as error:  # noqa: BLE001 - unreachable service, bad key...: train anyway
         warnings.warn(f"W&B could not start ({type(error).__name__}: {error}); reporting to metrics.jsonl only")

@@ -7,8 +7,9 @@ error, share flushed to zero, share of block scales that saturate or underflow, 
 few rows per layer, on no other step (the hooks stay idle unless armed).
 
 Outputs (rank 0): one line per due step in `<run dir>/quant_diagnostics.jsonl`, the same
-numbers in W&B under `quant/<layer>/<gemm>.<operand>/<metric>` (panels group by layer), and a
-printed ranking of layers that would rather stay in BF16. Under FSDP the weight measured is
+numbers in W&B as one table per due step (`quant/diagnostics`, layer x operand rows) plus a
+heatmap of the relative error (`quant/rel_error`; trainer/wandb_report.py), and a printed
+ranking of layers that would rather stay in BF16. Under FSDP the weight measured is
 rank 0's shard; X and dY are rank 0's micro-batch.
 """
 
@@ -18,13 +19,8 @@ import contextlib
 import json
 from pathlib import Path
 
-from models.quant.diagnostics import (
-    DiagnosticsRecorder,
-    collect_layer_diagnostics,
-    flatten_for_logging,
-    render_summary,
-    summarize,
-)
+from models.quant.diagnostics import DiagnosticsRecorder, collect_layer_diagnostics, render_summary, summarize
+from trainer.wandb_report import quant_payload
 
 
 class QuantDiagnostics:
@@ -57,7 +53,8 @@ class QuantDiagnostics:
             handle.write(json.dumps({"step": step, "records": records,
                                      "bf16_candidates": [r["layer"] for r in ranked if r["bf16_candidate"]]},
                                     default=float) + "\n")
-        self.logger.log_values(step, flatten_for_logging(records))
+        if self.logger.wandb_active:
+            self.logger.log_values(step, quant_payload(records, step))
         self.logger.event(step, "quant_diagnostics", layers=len({r["layer"] for r in records}),
                           bf16_candidates=sum(r["bf16_candidate"] for r in ranked))
         print(render_summary(ranked), flush=True)

@@ -139,9 +139,11 @@ def test_wandb_history_file_is_read(tmp_path):
     with open(files / "wandb-history.jsonl", "w") as handle:
         for step in range(1, STEPS + 1):
             handle.write(json.dumps({"_step": step, "tokens": step * TOKENS_PER_STEP,
-                                     "train/loss": 1.03 * loss_at(step), "train/lr": lr_at(step)}) + "\n")
+                                     "train/loss": 1.03 * loss_at(step), "train/lr": lr_at(step),
+                                     "val/loss": 1.1 * loss_at(step)}) + "\n")
     run = compare_runs.load_run(str(tmp_path / "b"))
     assert run.records[0]["step"] == 1 and "loss" in run.records[0] and "lr" in run.records[0]
+    assert run.records[0]["val_loss"] == pytest.approx(1.1 * loss_at(1))  # the trainer logs val/loss
     summary = compare_runs.main([str(run_a), str(tmp_path / "b"), "--out", str(tmp_path / "w.png")])
     assert summary["metrics"]["loss"][0]["stable_mean"] == pytest.approx(0.03, abs=1e-12)
 
