@@ -1,0 +1,359 @@
+"""Every command in README.md and docs/*.md runs as written.
+
+Commands are taken from ```bash blocks, `$ ` lines of transcripts and inline code that starts
+with a program (python, torchrun, pip, pytest, sbatch); `&&` chains are split. Each is handled
+by what it needs:
+
+- CPU-runnable (`python -m trainer ...`, scripts/prepare_data.py, gemm_report.py,
+  compare_runs.py, export_hf.py, bench_loader.py): run in a scratch directory with the
+  placeholder paths of the docs (/data/corpus, /models/..., /lustre/...) pointing at tiny
+  stand-ins and tiny overrides appended (a 6-block model, 2 steps, a 512-token vocabulary);
+- GPU, multi-node or network lines (torchrun, sbatch, the benchmarks, `--measure`,
+  `--wandb-online`, Hub sources): parsed as their program parses them (torchrun's and the
+  scripts' own argparse parsers, the trainer's override check and Hydra composition,
+  `bash -n` for the SLURM script), not run;
+- installs (`pip install ...`): the extras they name exist and pinned packages are the ones CI
+  installs (.ci/run); pytest lines: their paths exist and their markers are registered.
+
+A command no rule covers fails the test, so a new kind of command in the docs needs a rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+PROGRAMS = ("python ", "python3 ", "torchrun ", "pip ", "pytest", "sbatch ", "export ")
+GPU_SCRIPTS = {"benchmark", "bench_mamba", "bench_quant", "bench_fp8_linear"}
+"""Scripts that measure a CUDA GPU: parsed only."""
+TINY_TRAINER = [
+    "model=tiny", "model.vocab_size=512", "parallel=auto", "data.builtin_vocab_size=512", "data.builtin_corpus_mb=0.3",
+    "data.seq_len=64", "data.validation_batches=1", "data.validation_fraction=0.2", "train.steps=2",
+    "train.micro_batch_size=2", "train.global_batch_size=4", "optim.warmup_steps=1", "logging.log_every=1",
+    "logging.progress_bar=false", "logging.wandb.mode=disabled",
+]
+"""Appended to every trainer command that runs (later overrides win)."""
+TINY_STEP = "step_00000002"
+"""The last checkpoint of a tiny run, standing in for the docs' step_00000200."""
+
+
+@dataclass
+class Command:
+    document: str
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.document}:{self.line}: {self.text}"
+
+
+def extract_commands(document: str) -> list:
+    """The commands of one Markdown file, in order."""
+    text = (ROOT / document).read_text()
+    found = []
+    for block in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        language, body = block.group(1), block.group(2)
+        first_line = text[: block.start(2)].count("\n") + 1
+        if language not in ("bash", "sh", "shell", "console", ""):
+            continue
+        for offset, line in _joined_lines(body):
+            if language == "" and not line.startswith("$ "):
+                continue  # an output transcript or a table, not commands
+            found.append(Command(document, first_line + offset, line.removeprefix("$ ")))
+    for span in re.finditer(r"(?<!`)`([^`\n]+)`(?!`)", text):
+        if span.group(1).startswith(PROGRAMS):
+            found.append(Command(document, text[: span.start()].count("\n") + 1, span.group(1)))
+    found.sort(key=lambda command: command.line)
+    return [Command(c.document, c.line, part.strip()) for c in found for part in c.text.split("&&")]
+
+
+def _joined_lines(body: str):
+    """(line offset, command) with backslash continuations joined and `# comments` dropped."""
+    pending, start = "", 0
+    for offset, line in enumerate(body.splitlines()):
+        if not pending:
+            start = offset
+        line = line.strip()
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
+            continue
+        command = re.sub(r"(^|\s)#(\s.*)?$", "", pending + line).strip()
+        pending = ""
+        if command:
+            yield start, command
+
+
+ALL_COMMANDS = [command for document in DOCUMENTS for command in extract_commands(document)]
+
+
+# ----------------------------------------------------------------------------------- stand-ins
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A scratch working directory and the stand-ins for the docs' placeholder paths."""
+    from data import DataConfig, build_tokenizer
+    from data.hf_tokenizer import to_transformers
+
+    root = tmp_path_factory.mktemp("docs")
+    cache = root / "cache"
+    tokenizer = build_tokenizer(DataConfig(builtin_vocab_size=512, builtin_corpus_mb=0.3, cache_dir=str(cache)))
+    to_transformers(tokenizer).save_pretrained(root / "tokenizer")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    lines = [json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n"}) for i in range(60)]
+    (corpus / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    _nemotron_h_directory(root / "nemotron_h", tokenizer)
+    _write_own_configs(root / "work")
+    substitutions = {
+        "/data/corpus": str(corpus), "/data/code": str(root / "code"),
+        "/models/nemotron-tokenizer": str(root / "tokenizer"), "/models/nemotron-12b": str(root / "tokenizer"),
+        "/models/nemotron-nano-12b-v2-base": str(root / "nemotron_h"),
+        "/lustre/shards": str(root / "shards"), "/fast/shards": str(root / "shards"),
+        "/lustre/runs": str(root / "lustre_runs"), "$HEAD_NODE": "localhost", "step_00000200": TINY_STEP,
+    }
+    return {"root": root, "work": root / "work", "cache": cache, "substitutions": substitutions}
+
+
+def _nemotron_h_directory(path: Path, tokenizer) -> None:
+    """A tiny NemotronH checkpoint made by transformers, with the tiny tokenizer beside it."""
+    import torch
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    from data.hf_tokenizer import to_transformers
+    from models.config import load_model_config
+    from models.hf import hf_config_kwargs
+
+    torch.manual_seed(0)
+    config = NemotronHConfig(**hf_config_kwargs(load_model_config("tiny", vocab_size=tokenizer.vocab_size)))
+    NemotronHForCausalLM(config).save_pretrained(path)
+    to_transformers(tokenizer).save_pretrained(path)
+
+
+def _write_own_configs(work: Path) -> None:
+    """The README's example of one's own config folder, written where it says."""
+    readme = (ROOT / "README.md").read_text()
+    for block in re.finditer(r"^```yaml\n(.*?)^```", readme, re.S | re.M):
+        named = re.search(r"^# (my_configs/\S+\.yaml)", block.group(1), re.M)
+        if named:
+            (work / named.group(1)).parent.mkdir(parents=True, exist_ok=True)
+            (work / named.group(1)).write_text(block.group(1))
+    work.mkdir(exist_ok=True)
+
+
+# ----------------------------------------------------------------------------------- handlers
+def _words(command: Command, workspace) -> list:
+    text = command.text
+    for placeholder, stand_in in sorted(workspace["substitutions"].items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(placeholder, stand_in)
+    words = shlex.split(text)
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        words.pop(0)  # environment assignments of the command
+    return words
+
+
+class _Parsed(Exception):
+    """Raised instead of running a script once its parser accepted the arguments."""
+
+
+def _load_script(name: str):
+    """scripts/<name>.py as a module (registered in sys.modules, as its dataclasses need)."""
+    module_name = f"_docs_script_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
+def _run_script(name: str, arguments: list, monkeypatch, parse_only: bool):
+    """Run scripts/<name>.py's main() in-process with these arguments (or only its argparse)."""
+    module = _load_script(name)
+    monkeypatch.setattr(sys, "argv", [f"scripts/{name}.py", *arguments])
+    if parse_only:
+        original = argparse.ArgumentParser.parse_args
+
+        def parse_then_stop(self, args=None, namespace=None):
+            raise _Parsed(original(self, args, namespace))
+
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+        with pytest.raises(_Parsed) as parsed:
+            module.main()
+        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", original)
+        return module, parsed.value.args[0]
+    try:
+        result = module.main()
+    except SystemExit as exit_:
+        result = exit_.code
+    return module, result
+
+
+def _parse_trainer(arguments: list):
+    """What `python -m trainer ARGS` checks before running: the override keys, then Hydra composition."""
+    from trainer.__main__ import unknown_key_message
+    from trainer.config import compose
+
+    config_dir, overrides = None, []
+    words = iter(arguments)
+    for word in words:
+        if word == "--config-dir":
+            config_dir = next(words)
+        elif word.startswith("--config-dir="):
+            config_dir = word.split("=", 1)[1]
+        else:
+            assert not word.startswith("-"), f"trainer flag {word} is not handled here"
+            message = unknown_key_message(word)
+            assert message is None, message
+            overrides.append(word)
+    return config_dir, overrides, compose(overrides, config_dir=config_dir)
+
+
+def _run_trainer(arguments: list, workspace, index: int) -> None:
+    from trainer.config import compose
+    from trainer.loop import train
+
+    config_dir, overrides, _ = _parse_trainer(arguments)
+    cfg = compose(overrides + TINY_TRAINER + [f"data.cache_dir={workspace['cache']}"], config_dir=config_dir)
+    if cfg.run_dir is None:  # the CLI's Hydra output directory
+        cfg.run_dir = str(workspace["work"] / "outputs" / f"run{index}")
+    assert train(cfg)["status"] == "completed"
+
+
+def _fake_run(path: Path) -> None:
+    """A run directory for compare_runs: metrics.jsonl with loss, lr and val_loss."""
+    path.mkdir(parents=True, exist_ok=True)
+    lines = [{"step": s, "tokens": 1000 * s, "loss": 5.0 / s ** 0.1, "lr": 1e-3 if s < 80 else 1e-3 * (100 - s) / 20,
+              "val_loss": 5.1 / s ** 0.1} for s in range(1, 101)]
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+
+
+_HANDLED: dict = {}
+"""Command text -> what was done: a command repeated in several documents runs once."""
+
+
+def handle(command: Command, workspace, monkeypatch, index: int) -> str:
+    """Run or parse one command (once per text); returns what was done (for the log)."""
+    if command.text not in _HANDLED:
+        _HANDLED[command.text] = _handle(command, workspace, monkeypatch, index)
+    return _HANDLED[command.text]
+
+
+def _handle(command: Command, workspace, monkeypatch, index: int) -> str:
+    words = _words(command, workspace)
+    program = words[0]
+    if program == "export":
+        subprocess.run(["bash", "-n", "-c", command.text], check=True)
+        return "shell syntax"
+    if program == "pip":
+        return _check_install(words)
+    if program == "pytest" or words[:3] == ["python", "-m", "pytest"]:
+        return _check_pytest(words[3:] if program == "python" else words[1:])
+    if program == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        launch = get_args_parser().parse_args(words[1:])
+        assert launch.module and launch.training_script == "trainer", command
+        _parse_trainer(launch.training_script_args)
+        return "parsed (torchrun + trainer)"
+    if program == "sbatch":
+        script = next(w for w in words[1:] if w.endswith(".sh"))
+        subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
+        _parse_trainer(words[words.index(script) + 1:])
+        return "parsed (sbatch script + trainer)"
+    assert program in ("python", "python3"), f"no rule for {command}"
+    if words[1:3] == ["-m", "trainer"]:
+        _run_trainer(words[3:], workspace, index)
+        return "ran (tiny)"
+    script = Path(words[1])
+    assert script.parent.as_posix() == "scripts" and (ROOT / script).is_file(), f"no such script: {command}"
+    name, arguments = script.stem, words[2:]
+    if name in GPU_SCRIPTS or "--measure" in arguments or "--wandb-online" in arguments:
+        _run_script(name, arguments, monkeypatch, parse_only=True)
+        return "parsed (GPU or network)"
+    if name == "prepare_data":
+        module, flags = _run_script(name, arguments, monkeypatch, parse_only=True)
+        cfg = module.load_data_config(flags.config, flags.overrides, flags)
+        if any(source.kind == "hf" for source in cfg.sources):
+            return "parsed (Hub source: network)"
+        # One tokenizing process (the docs' --num-proc 64 / num_proc=16 are for big machines), a small
+        # builtin corpus and tokenizer; options in front, key=value overrides at the end (argparse
+        # takes the positional overrides as one run).
+        if "--num-proc" in arguments:
+            arguments[arguments.index("--num-proc") + 1] = "1"
+        arguments = ["--num-proc", "1", "--no-progress", *arguments, "builtin_corpus_mb=0.3", "builtin_vocab_size=512",
+                     f"cache_dir={workspace['cache']}"]
+    if name == "compare_runs":
+        for run in (a for a in arguments if not a.startswith("-") and not a.startswith("wandb:")):
+            if "/" in run and not Path(run).exists() and not run.endswith(".png"):
+                _fake_run(Path(run))
+    if name == "bench_loader":
+        arguments = arguments + ["--tokens", "2e5", "--shards", "2", "--seq-len", "256", "--seconds", "0.05"]
+    _, result = _run_script(name, arguments, monkeypatch, parse_only=False)
+    # An exit status must be 0 (bench_loader: 1 = below its speed bar on this machine, a measurement);
+    # gemm_report and compare_runs return their report, which their __main__ ignores.
+    failed = isinstance(result, str) or (isinstance(result, int) and result not in ((0, 1) if name == "bench_loader" else (0,)))
+    assert not failed, f"{command} ended with {str(result)[:500]}"
+    return "ran"
+
+
+def _check_install(words: list) -> str:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    for word in words[2:]:
+        if word.startswith("-") or word.startswith("http"):
+            continue
+        local = re.fullmatch(r"\.(?:\[([\w,]+)\])?", word)
+        if local:
+            assert all(extra in extras for extra in (local.group(1) or "").split(",") if extra), word
+        elif "==" in word:
+            assert word in ci, f"{word}: CI installs another version (.ci/run)"
+    return "install checked"
+
+
+def _check_pytest(arguments: list) -> str:
+    import tomllib
+
+    markers = [m.split(":")[0] for m in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]]
+    words = iter(arguments)
+    for word in words:
+        if word == "-m":
+            expression = next(words)
+            assert all(m in markers for m in re.findall(r"\w+", expression) if m not in ("and", "or", "not")), expression
+        elif not word.startswith("-"):
+            assert (ROOT / word).exists(), word
+    return "pytest arguments checked"
+
+
+# ----------------------------------------------------------------------------------- tests
+def test_the_docs_have_commands_and_every_one_has_a_rule():
+    assert len(ALL_COMMANDS) > 30
+    documents = {command.document for command in ALL_COMMANDS}
+    assert {"README.md", "docs/data.md", "docs/reporting.md"} <= documents
+    for command in ALL_COMMANDS:
+        program = command.text.split()[0]
+        assert re.fullmatch(r"[A-Z_]+=\S+", program) or program in ("python", "python3", "torchrun", "pip", "pytest",
+                                                                   "sbatch", "export"), f"no rule for {command}"
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_command_runs_as_written(document, workspace, monkeypatch):
+    monkeypatch.chdir(workspace["work"])
+    done = []
+    for index, command in enumerate(c for c in ALL_COMMANDS if c.document == document):
+        try:
+            done.append(f"{command}  -> {handle(command, workspace, monkeypatch, index)}")
+        except BaseException as error:  # noqa: BLE001 - name the command whatever failed
+            raise AssertionError(f"{command}\nfailed: {type(error).__name__}: {error}") from error
+    print("\n".join(done))
