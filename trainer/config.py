@@ -218,7 +218,8 @@ def compose(overrides: Sequence[str] = (), config_dir: Optional[str | os.PathLik
         extra = Path(config_dir).expanduser().resolve()
         if not extra.is_dir():
             raise FileNotFoundError(f"config_dir {extra} is not a directory")
-        overrides.append(f"hydra.searchpath=[file://{extra}]")
+        quoted = str(extra).replace("\\", "\\\\").replace("'", "\\'")  # Hydra's grammar: a quoted string
+        overrides.append(f"hydra.searchpath=['file://{quoted}']")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = OmegaConf.to_object(hydra_compose(config_name="train", overrides=overrides))
     if cfg.name is None:

@@ -13,7 +13,6 @@ both files (events.jsonl records each resume), so they describe the latest start
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import platform
@@ -88,7 +87,7 @@ def config_yaml(cfg) -> str:
     """The resolved config as YAML (the dataclasses through OmegaConf, so it reloads as TrainConfig)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_yaml(OmegaConf.structured(dataclasses.replace(cfg)), resolve=True)
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
 
 
 def write_run_description(cfg, run_dir: Path, *, world_size: int, device, tokenizer: Optional[dict] = None) -> None:
