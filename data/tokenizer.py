@@ -69,7 +69,7 @@ class Tokenizer:
 
     @property
     def record(self) -> dict:
-        """What checkpoints and run.json record: the identity, the EOS token and where it was read from."""
+        """What checkpoints and run_info.json record: the identity, the EOS token and where it was read from."""
         return {**self.identity, "eos_token": self.backend.id_to_token(self.eos_id), "path": self.path}
 
     def encode(self, text: str) -> list[int]:

@@ -84,7 +84,7 @@ def assert_quickstart_ran(process: subprocess.Popen, cwd: Path, imported_from: P
     metrics = [json.loads(line) for line in (runs[0] / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["step"] == 3
     assert (runs[0] / "config.yaml").is_file() and (runs[0] / ".hydra" / "config.yaml").is_file()
-    run = json.loads((runs[0] / "run.json").read_text())
+    run = json.loads((runs[0] / "run_info.json").read_text())
     assert Path(run["source"]).resolve() == imported_from.resolve()  # the installed code ran, not the cwd's
     for folder in SHADOWING_FOLDERS:
         if (cwd / folder).exists():

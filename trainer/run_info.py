@@ -1,11 +1,13 @@
 """What the run directory says about the run, written by rank 0 at every start.
 
-`<run dir>/config.yaml`  the resolved TrainConfig, as run (`name` and `run_dir` filled in, the
-                         model config as built, e.g. adopted from checkpoint.init_from_hf);
-                         `python -m trainer --config-dir ...` or `OmegaConf.load` read it back.
-`<run dir>/run.json`     how it was started: command line, working directory, git commit of the
-                         source tree (with a dirty flag), package versions, host, devices,
-                         world size, tokenizer identity.
+`<run dir>/config.yaml`     the resolved TrainConfig, as run (`name` and `run_dir` filled in, the
+                            model config as built, e.g. adopted from checkpoint.init_from_hf);
+                            `OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(...))`
+                            reads it back.
+`<run dir>/run_info.json`   how it was started: command line, working directory, git commit of
+                            the source tree (with a dirty flag), package versions, host, devices,
+                            world size, tokenizer identity. (Not run.json: the study runner,
+                            scripts/run_study.py, keeps its own record of a run under that name.)
 
 `precision_plan.txt` (loop.py) completes the picture. A restart with the same run_dir rewrites
 both files (events.jsonl records each resume), so they describe the latest start.
@@ -57,7 +59,7 @@ def git_state(source: Path) -> Optional[dict]:
 
 
 def describe_run(cfg, *, world_size: int, device, tokenizer: Optional[dict] = None) -> dict:
-    """The contents of run.json."""
+    """The contents of run_info.json."""
     import torch
 
     source = Path(__file__).resolve().parents[1]
@@ -91,8 +93,8 @@ def config_yaml(cfg) -> str:
 
 
 def write_run_description(cfg, run_dir: Path, *, world_size: int, device, tokenizer: Optional[dict] = None) -> None:
-    """Write config.yaml and run.json into `run_dir` (rank 0 only)."""
+    """Write config.yaml and run_info.json into `run_dir` (rank 0 only)."""
     run_dir = Path(run_dir)
     (run_dir / "config.yaml").write_text(config_yaml(cfg))
     description = describe_run(cfg, world_size=world_size, device=device, tokenizer=tokenizer)
-    (run_dir / "run.json").write_text(json.dumps(description, indent=1) + "\n")
+    (run_dir / "run_info.json").write_text(json.dumps(description, indent=1) + "\n")

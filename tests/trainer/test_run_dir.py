@@ -1,4 +1,4 @@
-"""The run directory describes the run (config.yaml, run.json, precision plan, Hydra's .hydra/);
+"""The run directory describes the run (config.yaml, run_info.json, precision plan, Hydra's .hydra/);
 nothing lands in outputs/ when run_dir is set; one's own config folder (--config-dir) and
 trainer.config.compose give the same configs as the command line."""
 
@@ -64,7 +64,7 @@ def test_cli_run_dir_holds_the_description_and_nothing_goes_to_outputs(tmp_path,
     assert (written.model.name, written.precision.name, written.train.steps) == ("tiny", "nvfp4", 2)
     assert written == compose(["+experiment=mine", *overrides, f"run_dir={run_dir}"], config_dir=my_configs)
 
-    run = json.loads((run_dir / "run.json").read_text())
+    run = json.loads((run_dir / "run_info.json").read_text())
     assert run["command"][-len(args):] == args
     assert run["cwd"] == str(work)
     import torch
