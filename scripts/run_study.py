@@ -1,0 +1,187 @@
+"""Run runs of the precision study side by side on one GPU and collect their results.
+
+    python scripts/run_study.py --runs bf16,fp8,nvfp4 --out results/study
+    python scripts/run_study.py --runs nvfp4 --out /tmp/probe --set train.steps=60     # a throughput probe
+
+The runs are defined in results/study/runs.yaml (experiment + overrides each). The corpus is
+prepared once first (scripts/prepare_data.py, all cores), then every selected run starts as
+its own `python -m trainer` process at the same time: a model this small leaves most of an
+H200 idle, so several processes raise the aggregate tokens/s (docs/study.md has the
+measurement). Each run writes into <out>/<run>/: metrics.jsonl, events.jsonl,
+precision_plan.txt, config.yaml (the resolved config), train.log, and run.json (command,
+wall time, what ran beside it, the GPU and versions). A run that exists there with a
+run.json whose exit code is 0 is not run again unless --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+RUNS_FILE = REPOSITORY / "results" / "study" / "runs.yaml"
+KEPT_FILES = ("metrics.jsonl", "events.jsonl", "precision_plan.txt", "train.log", "run.json", "config.yaml")
+
+
+def load_study(path: Path = RUNS_FILE) -> dict:
+    """The study definition: {'reference', 'noise_floor', 'runs': {name: {experiment, overrides, about}}}."""
+    return yaml.safe_load(path.read_text())
+
+
+def run_command(study: dict, name: str, extra: list[str]) -> list[str]:
+    """The trainer command line of one run (without the run directory)."""
+    if name not in study["runs"]:
+        raise SystemExit(f"unknown study run {name!r}; runs: {', '.join(study['runs'])}")
+    run = study["runs"][name]
+    return [sys.executable, "-m", "trainer", f"+experiment={run['experiment']}", *run["overrides"], *extra]
+
+
+def gpu_description() -> dict:
+    try:
+        import torch
+
+        info = {"torch": torch.__version__}
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name()
+            info["cuda"] = torch.version.cuda
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except ImportError:
+            pass
+        return info
+    except ImportError:
+        return {}
+
+
+def tokens_per_second(metrics_path: Path, skip_steps: int) -> float | None:
+    """Median tokens/s of the log lines after `skip_steps` (compilation and warm-up left out)."""
+    if not metrics_path.is_file():
+        return None
+    rates = []
+    for line in metrics_path.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("step", 0) > skip_steps and record.get("tokens_per_s"):
+            rates.append(record["tokens_per_s"])
+    return statistics.median(rates) if rates else None
+
+
+def prepare(data_overrides: list[str]) -> None:
+    command = [sys.executable, str(REPOSITORY / "scripts" / "prepare_data.py"), "--config", "study", *data_overrides]
+    print("+", shlex.join(command), flush=True)
+    started = time.perf_counter()
+    subprocess.run(command, check=True, cwd=REPOSITORY)
+    print(f"corpus ready in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", required=True, help="comma-separated run names of results/study/runs.yaml, or 'all'")
+    parser.add_argument("--out", default=str(REPOSITORY / "results" / "study"), help="results root (one folder per run)")
+    parser.add_argument("--work", default="/tmp/study_runs", help="where the runs write while training")
+    parser.add_argument("--prepared-dir", default="/tmp/study_data", help="data.prepared_dir shared by the runs")
+    parser.add_argument("--set", nargs="*", default=[], help="extra trainer overrides for every run (probes)")
+    parser.add_argument("--skip-steps", type=int, default=50, help="steps left out of the tokens/s median")
+    parser.add_argument("--force", action="store_true", help="run again even where results exist")
+    arguments = parser.parse_args(argv)
+
+    study = load_study()
+    names = list(study["runs"]) if arguments.runs == "all" else arguments.runs.split(",")
+    out, work = Path(arguments.out), Path(arguments.work)
+    pending = [name for name in names if arguments.force or not _finished(out / name)]
+    for name in sorted(set(names) - set(pending)):
+        print(f"{name}: results exist in {out / name}, not run again (--force to redo)")
+    if not pending:
+        return 0
+    for name in pending:
+        run_command(study, name, [])  # unknown names fail before any work
+
+    data_overrides = [f"prepared_dir={arguments.prepared_dir}", "num_proc=0"]
+    prepare(data_overrides)
+    shared = [f"data.prepared_dir={arguments.prepared_dir}", "data.auto_prepare=false", "logging.wandb.mode=disabled",
+              *arguments.set]
+    processes = {}
+    for name in pending:
+        run_dir = work / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        command = run_command(study, name, [*shared, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"])
+        log = open(run_dir / "train.log", "w")
+        print(f"{name}: {shlex.join(command[1:])}", flush=True)
+        processes[name] = (subprocess.Popen(command, cwd=REPOSITORY, stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1"}),
+                           time.perf_counter(), command, log)
+    exit_codes, walls = {}, {}
+    for name, (process, started, command, log) in processes.items():
+        exit_codes[name] = process.wait()
+        walls[name] = time.perf_counter() - started
+        log.close()
+
+    system = {"python": platform.python_version(), **gpu_description()}
+    print(f"\n{'run':18s} {'exit':>4s} {'wall s':>7s} {'tokens/s':>10s} {'final loss':>10s} {'val loss':>9s}")
+    total_rate = 0.0
+    for name in pending:
+        run_dir, target = work / name, out / name
+        rate = tokens_per_second(run_dir / "metrics.jsonl", arguments.skip_steps)
+        total_rate += rate or 0.0
+        hydra_config = run_dir / ".hydra" / "config.yaml"
+        if not (run_dir / "config.yaml").is_file() and hydra_config.is_file():
+            shutil.copy(hydra_config, run_dir / "config.yaml")
+        record = {
+            "run": name,
+            "about": study["runs"][name].get("about", ""),
+            "command": "python -m trainer " + shlex.join(command_for_docs(study, name)),
+            "probe_overrides": arguments.set,
+            "exit_code": exit_codes[name],
+            "wall_s": round(walls[name], 1),
+            "side_by_side_with": [other for other in pending if other != name],
+            "tokens_per_s_median": rate,
+            "system": system,
+        }
+        (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")
+        target.mkdir(parents=True, exist_ok=True)
+        for file in KEPT_FILES:
+            if (run_dir / file).is_file():
+                shutil.copy(run_dir / file, target / file)
+        last = _last_metrics(run_dir / "metrics.jsonl")
+        print(f"{name:18s} {exit_codes[name]:>4d} {walls[name]:>7.0f} {rate or 0:>10,.0f} "
+              f"{last.get('loss', float('nan')):>10.4f} {last.get('val_loss', float('nan')):>9.4f}")
+    print(f"aggregate tokens/s of {len(pending)} runs side by side: {total_rate:,.0f}")
+    return 0 if all(code == 0 for code in exit_codes.values()) else 1
+
+
+def command_for_docs(study: dict, name: str) -> list[str]:
+    run = study["runs"][name]
+    return [f"+experiment={run['experiment']}", *run["overrides"]]
+
+
+def _finished(directory: Path) -> bool:
+    path = directory / "run.json"
+    return path.is_file() and json.loads(path.read_text()).get("exit_code") == 0 and not json.loads(
+        path.read_text()).get("probe_overrides")
+
+
+def _last_metrics(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    last: dict = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        last.update({key: value for key, value in record.items() if value is not None})
+    return last
+
+
+if __name__ == "__main__":
+    sys.exit(main())
