@@ -21,6 +21,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=[], help="extra trainer overrides for every run (probes)")
     parser.add_argument("--skip-steps", type=int, default=50, help="steps left out of the tokens/s median")
     parser.add_argument("--force", action="store_true", help="run again even where results exist")
+    parser.add_argument("--stop-after", type=float, default=None,
+                        help="seconds after which every run gets SIGTERM: it checkpoints and exits (a later call "
+                             "with the same --work resumes it)")
+    parser.add_argument("--fresh", action="store_true", help="delete the runs' work directories first (no resume)")
     arguments = parser.parse_args(argv)
 
     study = load_study()
@@ -115,22 +120,33 @@ def main(argv: list[str] | None = None) -> int:
     processes = {}
     for name in pending:
         run_dir = work / name
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
+        if arguments.fresh:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True, exist_ok=True)  # a checkpoint left there by --stop-after is resumed
         command = run_command(study, name, [*shared, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"])
-        log = open(run_dir / "train.log", "w")
+        log = open(run_dir / "train.log", "a")
         print(f"{name}: {shlex.join(command[1:])}", flush=True)
         processes[name] = (subprocess.Popen(command, cwd=REPOSITORY, stdout=log, stderr=subprocess.STDOUT,
                                             env={**os.environ, "PYTHONUNBUFFERED": "1"}),
                            time.perf_counter(), command, log)
     exit_codes, walls = {}, {}
+    launched = time.perf_counter()
+    if arguments.stop_after is not None:
+        while any(process.poll() is None for process, *_ in processes.values()):
+            if time.perf_counter() - launched > arguments.stop_after:
+                print(f"stopping after {arguments.stop_after:.0f} s: SIGTERM to every run (they checkpoint)", flush=True)
+                for process, *_ in processes.values():
+                    if process.poll() is None:
+                        process.send_signal(signal.SIGTERM)
+                break
+            time.sleep(2)
     for name, (process, started, command, log) in processes.items():
         exit_codes[name] = process.wait()
         walls[name] = time.perf_counter() - started
         log.close()
 
     system = {"python": platform.python_version(), **gpu_description()}
-    print(f"\n{'run':18s} {'exit':>4s} {'wall s':>7s} {'tokens/s':>10s} {'final loss':>10s} {'val loss':>9s}")
+    print(f"\n{'run':18s} {'end':>4s} {'wall s':>7s} {'tokens/s':>10s} {'final loss':>10s} {'val loss':>9s}")
     total_rate = 0.0
     for name in pending:
         run_dir, target = work / name, out / name
@@ -139,13 +155,19 @@ def main(argv: list[str] | None = None) -> int:
         hydra_config = run_dir / ".hydra" / "config.yaml"
         if not (run_dir / "config.yaml").is_file() and hydra_config.is_file():
             shutil.copy(hydra_config, run_dir / "config.yaml")
+        log_text = (run_dir / "train.log").read_text()
+        # the log accumulates over calls; this call's part starts after its last "+experiment" launch line
+        preempted = log_text.rstrip().splitlines()[-1:] and "preempted at step" in log_text.rstrip().splitlines()[-1]
+        previous = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
         record = {
             "run": name,
+            "status": "stopped" if preempted else ("completed" if exit_codes[name] == 0 else "failed"),
             "about": study["runs"][name].get("about", ""),
             "command": "python -m trainer " + shlex.join(command_for_docs(study, name)),
             "probe_overrides": arguments.set,
             "exit_code": exit_codes[name],
-            "wall_s": round(walls[name], 1),
+            "wall_s": round(walls[name] + previous.get("wall_s", 0.0), 1),
+            "calls": previous.get("calls", 0) + 1,
             "side_by_side_with": [other for other in pending if other != name],
             "tokens_per_s_median": rate,
             "system": system,
@@ -156,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             if (run_dir / file).is_file():
                 shutil.copy(run_dir / file, target / file)
         last = _last_metrics(run_dir / "metrics.jsonl")
-        print(f"{name:18s} {exit_codes[name]:>4d} {walls[name]:>7.0f} {rate or 0:>10,.0f} "
+        print(f"{name:18s} {record['status'][:4]:>4s} {walls[name]:>7.0f} {rate or 0:>10,.0f} "
               f"{last.get('loss', float('nan')):>10.4f} {last.get('val_loss', float('nan')):>9.4f}")
     print(f"aggregate tokens/s of {len(pending)} runs side by side: {total_rate:,.0f}")
     return 0 if all(code == 0 for code in exit_codes.values()) else 1
@@ -169,8 +191,10 @@ def command_for_docs(study: dict, name: str) -> list[str]:
 
 def _finished(directory: Path) -> bool:
     path = directory / "run.json"
-    return path.is_file() and json.loads(path.read_text()).get("exit_code") == 0 and not json.loads(
-        path.read_text()).get("probe_overrides")
+    if not path.is_file():
+        return False
+    record = json.loads(path.read_text())
+    return record.get("status") == "completed" and not record.get("probe_overrides")
 
 
 def _last_metrics(path: Path) -> dict:
