@@ -130,20 +130,19 @@ def main(argv: list[str] | None = None) -> int:
                                             env={**os.environ, "PYTHONUNBUFFERED": "1"}),
                            time.perf_counter(), command, log)
     exit_codes, walls = {}, {}
-    launched = time.perf_counter()
-    if arguments.stop_after is not None:
-        while any(process.poll() is None for process, *_ in processes.values()):
-            if time.perf_counter() - launched > arguments.stop_after:
-                print(f"stopping after {arguments.stop_after:.0f} s: SIGTERM to every run (they checkpoint)", flush=True)
-                for process, *_ in processes.values():
-                    if process.poll() is None:
-                        process.send_signal(signal.SIGTERM)
-                break
-            time.sleep(2)
-    for name, (process, started, command, log) in processes.items():
-        exit_codes[name] = process.wait()
-        walls[name] = time.perf_counter() - started
-        log.close()
+    launched, stopped = time.perf_counter(), False
+    while len(exit_codes) < len(processes):  # poll, so that each run's own end time is its wall time
+        for name, (process, started, command, log) in processes.items():
+            if name not in exit_codes and process.poll() is not None:
+                exit_codes[name], walls[name] = process.returncode, time.perf_counter() - started
+                log.close()
+        if arguments.stop_after is not None and not stopped and time.perf_counter() - launched > arguments.stop_after:
+            print(f"stopping after {arguments.stop_after:.0f} s: SIGTERM to every run (they checkpoint)", flush=True)
+            for name, (process, *_) in processes.items():
+                if name not in exit_codes:
+                    process.send_signal(signal.SIGTERM)
+            stopped = True
+        time.sleep(1)
 
     system = {"python": platform.python_version(), **gpu_description()}
     print(f"\n{'run':18s} {'end':>4s} {'wall s':>7s} {'tokens/s':>10s} {'final loss':>10s} {'val loss':>9s}")
