@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-SOURCE_KINDS = ("builtin", "files", "hf")
+SOURCE_KINDS = ("builtin", "files", "tree", "hf")
 FILE_FORMATS = ("auto", "json", "parquet", "text")
 TEXT_SAMPLE_BY = ("document", "paragraph", "line")
 
@@ -23,13 +23,23 @@ class SourceConfig:
     name: str = "builtin"
     """Unique label: names the source's prepared directory, its entry in the loader state, and its logs."""
     kind: str = "builtin"
-    """'builtin' (stdlib sources of the running interpreter), 'files' (local jsonl/json/parquet/text), or 'hf' (a Hub dataset by name)."""
+    """'builtin' (stdlib sources of the running interpreter), 'files' (local jsonl/json/parquet/text), 'tree' (text files found by glob under directory trees, one document per file, deduplicated; data/text_tree.py), or 'hf' (a Hub dataset by name)."""
     path: Optional[str] = None
     """kind='files': one file, a directory (searched recursively, sorted), or a glob pattern."""
     file_format: str = "auto"
     """kind='files': 'json' (json and jsonl, optionally .gz/.zst), 'parquet', 'text', or 'auto' (from the file extensions)."""
     text_sample_by: str = "document"
     """file_format='text': one document per 'document' (whole file), 'paragraph', or 'line'."""
+    roots: List[str] = field(default_factory=list)
+    """kind='tree': directories to search, in order; 'sysconfig:<name>' names a path of the running interpreter (sysconfig:stdlib, sysconfig:purelib)."""
+    include: List[str] = field(default_factory=lambda: ["*.py", "*.md", "*.rst", "*.txt"])
+    """kind='tree': file-name globs to read (fnmatch on the file name)."""
+    exclude: List[str] = field(default_factory=list)
+    """kind='tree': globs on the path relative to its root to leave out, e.g. '*/_vendor/*'."""
+    max_document_bytes: int = 1000000
+    """kind='tree': files larger than this are left out (generated tables, data blobs) and counted in the manifest."""
+    skip_undecodable: bool = False
+    """kind='tree': leave out files that are not valid UTF-8 (counted in the manifest) instead of stopping with an error naming the file."""
     hf_name: Optional[str] = None
     """kind='hf': the dataset's Hub name (e.g. 'HuggingFaceFW/fineweb-edu'); needs the network unless cached."""
     hf_config: Optional[str] = None
@@ -111,6 +121,13 @@ def validate_data_config(cfg: DataConfig) -> None:
             raise ValueError(f"{where}.kind must be one of {SOURCE_KINDS}, got {source.kind!r}")
         if source.kind == "files" and not source.path:
             raise ValueError(f"{where}.path must be set for kind='files'")
+        if source.kind == "tree":
+            if not source.roots:
+                raise ValueError(f"{where}.roots must list at least one directory for kind='tree'")
+            if not source.include:
+                raise ValueError(f"{where}.include must list at least one file-name glob for kind='tree'")
+            if source.max_document_bytes < 1:
+                raise ValueError(f"{where}.max_document_bytes must be >= 1, got {source.max_document_bytes}")
         if source.kind == "hf" and not source.hf_name:
             raise ValueError(f"{where}.hf_name must be set for kind='hf'")
         if source.file_format not in FILE_FORMATS:

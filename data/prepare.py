@@ -47,7 +47,7 @@ from data.shards import (
     read_manifest,
     shard_file_names,
 )
-from data.sources import describe_source, load_source, source_location
+from data.sources import describe_source, load_source, source_location, source_statistics
 from data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -317,6 +317,9 @@ def prepare_source(
         source.name, settings["source"], tokenizer.identity, cfg.validation_fraction, cfg.documents_per_shard,
         records, time.perf_counter() - started,
     )
+    statistics = source_statistics(source, cfg)
+    if statistics is not None:  # what reading kept and left out (duplicates, oversize, undecodable files)
+        manifest["source_statistics"] = statistics
     atomic_write_json(directory / "manifest.json", manifest)
     log.info("prepared %s into %s: %s", source.name, directory, manifest["splits"])
     return manifest

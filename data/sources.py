@@ -22,6 +22,8 @@ import logging
 import os
 from pathlib import Path
 
+from functools import lru_cache
+
 from data.builtin import load_builtin_corpus
 from data.config import DataConfig, SourceConfig
 from data.errors import DataError
@@ -32,6 +34,7 @@ from data.saved_datasets import (
     load_saved_dataset,
     refuse_megatron,
 )
+from data.text_tree import TreeCorpus, describe_tree, read_tree
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +92,39 @@ def resolve_data_files(source: SourceConfig) -> tuple[list[Path], str]:
     return files, file_format
 
 
+def _tree_arguments(source: SourceConfig) -> tuple:
+    where = f"source {source.name!r}"
+    return (tuple(source.roots), tuple(source.include), tuple(source.exclude), source.max_document_bytes,
+            source.skip_undecodable, where)
+
+
+@lru_cache(maxsize=2)
+def _read_tree_cached(roots, include, exclude, max_document_bytes, skip_undecodable, where, listing_sha256) -> TreeCorpus:
+    # listing_sha256 (paths, sizes, mtimes) is part of the key: an edited file is read again.
+    return read_tree(list(roots), list(include), list(exclude), max_document_bytes, skip_undecodable, where)
+
+
+def _read_tree_source(source: SourceConfig) -> TreeCorpus:
+    arguments = _tree_arguments(source)
+    listing = describe_tree(*[list(value) if isinstance(value, tuple) else value for value in arguments])
+    return _read_tree_cached(*arguments, listing["listing_sha256"])
+
+
+def source_statistics(source: SourceConfig, cfg: DataConfig) -> dict | None:
+    """What reading the source kept and left out (kind 'tree'; None for other kinds), for the manifest."""
+    if source.kind != "tree":
+        return None
+    return _read_tree_source(source).statistics
+
+
 def describe_source(source: SourceConfig, cfg: DataConfig) -> dict:
     """What the source is, for manifests and cache keys (stat-only for local files: cheap)."""
     if source.kind == "builtin":
         return load_builtin_corpus(cfg.builtin_corpus_mb).describe()
+    if source.kind == "tree":
+        roots, include, exclude, max_bytes, skip, where = _tree_arguments(source)
+        return {**describe_tree(list(roots), list(include), list(exclude), max_bytes, skip, where),
+                "text_field": source.text_field}
     common = {"kind": source.kind, "split": source.split, "text_field": source.text_field}
     if source.kind == "files" and is_saved_dataset(Path(os.path.expanduser(source.path or ""))):
         return {**common, **describe_saved_dataset(Path(os.path.expanduser(source.path)))}
@@ -119,6 +151,10 @@ def load_source(source: SourceConfig, cfg: DataConfig):
     if source.kind == "builtin":
         corpus = load_builtin_corpus(cfg.builtin_corpus_mb)
         dataset = datasets.Dataset.from_dict({source.text_field: list(corpus.texts), "path": list(corpus.relative_paths)})
+        return dataset.to_iterable_dataset() if source.streaming else dataset
+    if source.kind == "tree":
+        tree = _read_tree_source(source)
+        dataset = datasets.Dataset.from_dict({source.text_field: tree.texts, "path": tree.paths})
         return dataset.to_iterable_dataset() if source.streaming else dataset
     if source.kind == "files" and is_saved_dataset(Path(os.path.expanduser(source.path or ""))):
         where = f"source {source.name!r} (datasets directory {source.path})"
@@ -160,4 +196,6 @@ def source_location(source: SourceConfig) -> str:
         return f"files at {source.path}"
     if source.kind == "hf":
         return f"Hub dataset {source.hf_name}"
+    if source.kind == "tree":
+        return f"text files {source.include} under {source.roots}"
     return "the built-in corpus"

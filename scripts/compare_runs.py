@@ -30,6 +30,10 @@ Method:
      point. ``--decay-start-tokens`` / ``--stable-start-tokens`` override. Without an lr column the
      stable phase is the whole overlap and there is no decay phase.
   5. Printed: the mean of r over each phase's grid points and r at the last common point, per B.
+  6. Noise band (--noise RUN): a run that differs from A only by its seed (A's "twin"). Its own
+     relative difference n(t) to A, after the same smoothing, is drawn as the band +-|n(t)| around
+     0, and each phase's mean |n| is printed beside the runs' means: a difference inside the band
+     is not distinguishable from seed-to-seed variation at this scale.
 """
 
 from __future__ import annotations
@@ -341,9 +345,20 @@ def compare(run_a: Run, run_b: Run, metric: str, phases: Phases, smoothing: str 
     )
 
 
+def noise_band(comparison: Comparison, phases: Phases) -> dict:
+    """Mean |relative difference| of a seed twin per phase, and at the last point."""
+    magnitude = np.abs(comparison.relative)
+
+    def mean(mask):
+        return float(magnitude[mask].mean()) if mask.any() else None
+
+    return {"stable_mean": mean(phases.stable(comparison.tokens)), "decay_mean": mean(phases.decay(comparison.tokens)),
+            "final": float(magnitude[-1])}
+
+
 # ------------------------------------------------------------------------------------ plotting
 def plot(runs: List[Run], comparisons: Dict[str, List[Comparison]], phases: Phases, smoothing: str,
-         out: Path) -> Path:
+         out: Path, noise: Optional[Dict[str, Comparison]] = None, title: Optional[str] = None) -> Path:
     """Loss curves and relative differences (one pair of panels per metric) to a PNG."""
     import matplotlib
 
@@ -381,6 +396,10 @@ def plot(runs: List[Run], comparisons: Dict[str, List[Comparison]], phases: Phas
         for index, comparison in enumerate(comparisons[metric], start=1):
             diff_axis.plot(comparison.tokens, comparison.relative, color=colors[index % len(colors)], linewidth=1.2,
                            label=f"({comparison.label} - {runs[0].label}) / {runs[0].label}")
+        if noise and metric in noise:
+            band = np.abs(noise[metric].relative)
+            diff_axis.fill_between(noise[metric].tokens, -band, band, color="black", alpha=0.12, linewidth=0,
+                                   label=f"seed noise: +-|{noise[metric].label} - {runs[0].label}| / {runs[0].label}")
         diff_axis.axhline(0.0, color="black", linewidth=0.8)
         diff_axis.yaxis.set_major_formatter(PercentFormatter(1.0))
         diff_axis.set_ylabel(f"relative {metric} difference")
@@ -390,6 +409,8 @@ def plot(runs: List[Run], comparisons: Dict[str, List[Comparison]], phases: Phas
             if phases.decay_start is not None:
                 axis.axvspan(phases.decay_start, end, color="grey", alpha=0.12, linewidth=0)
                 axis.axvline(phases.decay_start, color="grey", linestyle="--", linewidth=0.8)
+    if title:
+        figure.suptitle(title)
     axes[-1, 0].xaxis.set_major_formatter(EngFormatter())
     axes[-1, 0].set_xlabel("tokens" + (" (shaded: lr decay)" if phases.decay_start is not None else ""))
     figure.tight_layout()
@@ -439,6 +460,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="tokens where the decay phase starts (default: from A's lr column)")
     parser.add_argument("--stable-start-tokens", type=float, default=None,
                         help="tokens where the stable phase starts (default: A's first point at max lr)")
+    parser.add_argument("--noise", default=None,
+                        help="a run that differs from A only in its seed: its difference to A is drawn as a band")
+    parser.add_argument("--title", default=None, help="figure title")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers to this JSON file")
     parser.add_argument("--wandb-online", action="store_true", help="allow wandb:entity/project/id runs (wandb.Api)")
     parser.add_argument("--wandb-report", action="store_true", help="log the figure and numbers to a W&B run")
@@ -476,6 +500,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             print(f"note: --val skipped: no val_loss in {missing}")
     comparisons = {metric: [compare(reference, run, metric, phases, args.smooth) for run in runs[1:]]
                    for metric in metrics}
+    noise: Dict[str, Comparison] = {}
+    if args.noise is not None:
+        noise_run = load_run(args.noise, None, args.wandb_online)
+        noise_run.label = f"{noise_run.label} (noise)" if noise_run.label in seen else noise_run.label
+        noise = {metric: compare(reference, noise_run, metric, phases, args.smooth)
+                 for metric in metrics if noise_run.has(metric)}
 
     for index, run in enumerate(runs):
         tokens, _ = run.series("loss")
@@ -497,11 +527,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         for c in entries:
             print(f"  {c.label.ljust(width)}  {_percent(c.stable_mean):>12}  {_percent(c.decay_mean):>12}  "
                   f"{_percent(c.final):>12}  {c.points}")
+        if metric in noise:
+            band = noise_band(noise[metric], phases)
+            print(f"  {'noise +-'.ljust(width)}  {_percent(band['stable_mean']):>12}  {_percent(band['decay_mean']):>12}  "
+                  f"{_percent(band['final']):>12}  (mean |{noise[metric].label} - {reference.label}| / {reference.label})")
+            summary.setdefault("noise", {})[metric] = {"run": noise[metric].label, **band}
         summary["metrics"][metric] = [
             {"run": c.label, "stable_mean": c.stable_mean, "decay_mean": c.decay_mean, "final": c.final,
              "points": c.points} for c in entries
         ]
-    figure = plot(runs, comparisons, phases, args.smooth, args.out)
+    figure = plot(runs, comparisons, phases, args.smooth, args.out, noise, args.title)
     summary["figure"] = str(figure)
     print(f"\nwrote {figure}")
     if args.json is not None:

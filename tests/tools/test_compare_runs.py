@@ -181,3 +181,15 @@ def test_wandb_report_logs_the_figure_offline(tmp_path, monkeypatch):
     images = list((tmp_path / "report" / "wandb").glob("offline-run-*/files/media/images/compare_runs/*.png"))
     assert len(images) == 1 and images[0].read_bytes()[:8] == PNG_MAGIC
     assert summary["wandb_dir"].startswith(str(tmp_path / "report" / "wandb"))
+
+
+def test_noise_band_is_the_seed_twins_difference(tmp_path, capsys):
+    write_run(tmp_path / "a", 1.0, 1.0)
+    write_run(tmp_path / "b", 1.02, 1.03)
+    write_run(tmp_path / "twin", 0.995, 1.004)  # the reference with another seed: 0.5% / 0.4% apart
+    summary = compare_runs.main([str(tmp_path / "a"), str(tmp_path / "b"), "--noise", str(tmp_path / "twin"),
+                                 "--out", str(tmp_path / "plot.png")])
+    band = summary["noise"]["loss"]
+    assert band["stable_mean"] == pytest.approx(0.005, abs=1e-9) and band["decay_mean"] == pytest.approx(0.004, abs=1e-9)
+    assert "noise +-" in capsys.readouterr().out
+    assert (tmp_path / "plot.png").read_bytes()[:8] == PNG_MAGIC

@@ -1,0 +1,154 @@
+"""The precision study (results/study/runs.yaml): every run composes, shares what it must, and each
+ablation changes exactly the intended GEMM operands of the precision plan and nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from models import build_model
+from models.quant.recipe import GEMMS, linear_spec, plan_layers
+from trainer.config import TrainConfig, register_configs
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+STUDY = yaml.safe_load((REPOSITORY / "results" / "study" / "runs.yaml").read_text())
+
+
+def compose_run(name: str) -> TrainConfig:
+    run = STUDY["runs"][name]
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPOSITORY / "configs"), version_base=None):
+        composed = compose("train", overrides=[f"+experiment={run['experiment']}", *run["overrides"]])
+    return OmegaConf.to_object(composed)
+
+
+@pytest.fixture(scope="module")
+def configs() -> dict[str, TrainConfig]:
+    return {name: compose_run(name) for name in STUDY["runs"]}
+
+
+@pytest.fixture(scope="module")
+def study_model():
+    with torch.device("meta"):
+        return build_model(compose_run("bf16").model)
+
+
+def operand_table(cfg: TrainConfig, model) -> dict:
+    """{(layer, gemm, operand): (format, tile, rounding, rht)} of every quantized GEMM operand."""
+    table = {}
+    for layer in plan_layers(model, cfg.precision):
+        if not layer.quantized:
+            continue
+        spec = linear_spec(cfg.precision, layer)
+        for gemm in GEMMS:
+            gemm_spec = getattr(spec, gemm)
+            if gemm_spec is None:
+                continue
+            for operand in ("a", "b"):
+                o = getattr(gemm_spec, operand)
+                table[(layer.name, gemm, operand)] = (o.fmt, o.tile, o.rounding, o.rht)
+    return table
+
+
+def without(config: TrainConfig, *paths: str) -> dict:
+    """The config as a dict with the given dotted fields removed (to compare everything else)."""
+    value = dataclasses.asdict(config)
+    for path in paths:
+        *parents, leaf = path.split(".")
+        node = value
+        for parent in parents:
+            node = node[parent]
+        node.pop(leaf)
+    return value
+
+
+def test_every_run_shares_model_data_schedule_and_budget(configs):
+    reference = configs[STUDY["reference"]]
+    assert reference.model.name == "study" and reference.data.sources[0].kind == "tree"
+    for name, cfg in configs.items():
+        for part in ("model", "data", "optim", "train", "parallel", "checkpoint"):
+            assert getattr(cfg, part) == getattr(reference, part), (name, part)
+        expected_seed = 1 if name == STUDY["noise_floor"] else 0
+        assert cfg.seed == expected_seed, name
+
+
+def test_model_dims_fit_every_format(study_model):
+    for name, module in study_model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            assert module.in_features % 128 == 0 and module.out_features % 128 == 0, name
+
+
+def test_nvfp4_fp8_and_bf16_differ_only_in_precision(configs):
+    for name in ("fp8", "nvfp4"):
+        assert without(configs[name], "precision") == without(configs["bf16"], "precision")
+    assert without(configs["bf16_seed1"], "seed") == without(configs["bf16"], "seed")
+
+
+def test_fp8_and_nvfp4_quantize_the_same_layers(configs, study_model):
+    fp8 = {key[0] for key in operand_table(configs["fp8"], study_model)}
+    nvfp4 = {key[0] for key in operand_table(configs["nvfp4"], study_model)}
+    assert fp8 == nvfp4 and len(nvfp4) > 0
+
+
+def changed_operands(configs, model, name) -> dict:
+    base, ablation = operand_table(configs["nvfp4"], model), operand_table(configs[name], model)
+    assert set(ablation) >= set(base) if name == "nvfp4_all_layers" else set(ablation) == set(base), name
+    return {key: (base.get(key), ablation[key]) for key in ablation if base.get(key) != ablation[key]}
+
+
+def test_no_rht_changes_only_the_wgrad_transform(configs, study_model):
+    changed = changed_operands(configs, study_model, "nvfp4_no_rht")
+    assert changed and all(gemm == "wgrad" for _, gemm, _ in changed)
+    for before, after in changed.values():
+        assert before[:3] == after[:3] and (before[3], after[3]) == (True, False)
+    assert without(configs["nvfp4_no_rht"], "precision.wgrad_rht") == without(configs["nvfp4"], "precision.wgrad_rht")
+
+
+def test_no_sr_changes_only_the_gradient_rounding(configs, study_model):
+    changed = changed_operands(configs, study_model, "nvfp4_no_sr")
+    # dY is operand a of Dgrad and Wgrad; nothing else was stochastic
+    assert changed and {(gemm, operand) for _, gemm, operand in changed} == {("dgrad", "a"), ("wgrad", "a")}
+    for before, after in changed.values():
+        assert (before[2], after[2]) == ("stochastic", "nearest") and before[:2] + before[3:] == after[:2] + after[3:]
+
+
+def test_no_2d_changes_only_the_weight_tiles(configs, study_model):
+    changed = changed_operands(configs, study_model, "nvfp4_no_2d")
+    assert changed and {(gemm, operand) for _, gemm, operand in changed} == {("fprop", "b"), ("dgrad", "b")}
+    for before, after in changed.values():
+        assert (before[1], after[1]) == ((16, 16), (1, 16)) and before[2:] == after[2:]
+
+
+def test_all_layers_adds_exactly_the_bf16_blocks(configs, study_model):
+    base = operand_table(configs["nvfp4"], study_model)
+    every = operand_table(configs["nvfp4_all_layers"], study_model)
+    assert changed_operands(configs, study_model, "nvfp4_all_layers") == {
+        key: (None, value) for key, value in every.items() if key not in base}
+    blocks = len(study_model.layers)
+    added_blocks = {int(key[0].split(".")[1]) for key in every if key not in base}
+    assert added_blocks == {0, blocks - 2, blocks - 1}
+    assert not any(key[0] == "lm_head" for key in every)
+
+
+def test_mxfp4_changes_the_format_and_keeps_the_recipe(configs, study_model):
+    changed = changed_operands(configs, study_model, "mxfp4")
+    assert set(changed) == set(operand_table(configs["nvfp4"], study_model))  # every operand
+    for (layer, gemm, operand), (before, after) in changed.items():
+        assert (before[0], after[0]) == ("nvfp4", "mxfp4")
+        assert after[1] == (1, 32)  # OCP MX has no 2D weight blocks
+        assert before[2:] == after[2:], (layer, gemm, operand)  # same rounding and RHT
+
+
+def test_late_switch_keeps_the_plan_and_switches_at_80_percent(configs, study_model):
+    assert changed_operands(configs, study_model, "nvfp4_late_bf16") == {}
+    cfg = configs["nvfp4_late_bf16"]
+    switch = cfg.precision.switch_to_bf16_at_step
+    assert switch == int(0.8 * cfg.train.steps) and cfg.precision.switch_mode == "forward"
+    assert (without(cfg, "precision.switch_to_bf16_at_step")
+            == without(configs["nvfp4"], "precision.switch_to_bf16_at_step"))

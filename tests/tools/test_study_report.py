@@ -1,0 +1,33 @@
+"""scripts/study_report.py on the committed study results: the table agrees with the JSONL it reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tools_testing import REPOSITORY, load_script
+
+study_report = load_script("study_report")
+RESULTS = REPOSITORY / "results" / "study"
+
+
+def final_val_loss(run: str) -> float:
+    lines = [json.loads(line) for line in (RESULTS / run / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if "val_loss" in line][-1]["val_loss"]
+
+
+def test_table_rows_match_the_metrics_and_the_doc(tmp_path):
+    study = yaml.safe_load((RESULTS / "runs.yaml").read_text())
+    text = study_report.main(["--images", str(tmp_path)])
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| run")}
+    completed = [name for name in study["runs"] if (RESULTS / name / "run.json").is_file()]
+    assert sorted(rows) == sorted(completed) and study["reference"] in rows
+    reference = final_val_loss(study["reference"])
+    for name, cells in rows.items():
+        assert float(cells[5]) == pytest.approx(final_val_loss(name), abs=1e-4)
+        assert float(cells[6].rstrip("%")) == pytest.approx(100 * (final_val_loss(name) / reference - 1), abs=0.006)
+    assert (tmp_path / "study_main.png").is_file()
+    assert text in (REPOSITORY / "docs" / "study.md").read_text()  # the doc holds the current table
