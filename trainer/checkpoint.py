@@ -176,6 +176,11 @@ class Checkpointer:
         problems = []
         for found in all_gather_object(mine):
             problems += [problem for problem in found if problem not in problems]
+        if not problems:
+            try:
+                read_trainer_state(Path(path))  # also parsed when checkpoint.verify=false skipped the hashes
+            except CorruptCheckpoint as error:
+                problems.append(str(error))
         return problems
 
     def select_resume(self) -> Optional[Path]:
