@@ -56,6 +56,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -282,7 +283,7 @@ class Checkpointer:
             return final
         try:
             dcp.save(state, checkpoint_id=str(tmp))  # a failure on any rank raises on every rank
-        except Exception as failure:  # noqa: BLE001
+        except (Exception, CheckpointException) as failure:  # noqa: BLE001 - CheckpointException is a BaseException
             self._fail(tmp, final, [explain_write_failure(failure, tmp)], failure)
         self._finalize(tmp, final, trainer_state)
         return final
@@ -306,7 +307,7 @@ class Checkpointer:
         error = None
         try:
             future.result()
-        except Exception as failure:  # noqa: BLE001
+        except (Exception, CheckpointException) as failure:  # noqa: BLE001
             error = f"rank {self.env.rank}: {explain_write_failure(failure, tmp)}"
         self._agree(error, tmp, final)
         self._finalize(tmp, final, trainer_state)
@@ -416,7 +417,7 @@ class Checkpointer:
                 state = {"model": model_state, "optim": optim_state}
                 dcp.load(state, checkpoint_id=str(path))
                 set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        except Exception as error:  # noqa: BLE001 - verified files that DCP still cannot read
+        except (Exception, CheckpointException) as error:  # noqa: BLE001 - verified files DCP still cannot read
             raise CorruptCheckpoint(f"cannot load {path} with DCP: {type(error).__name__}: {error}") from error
         rng_file = path / f"rng_rank{self.env.rank}.json"
         if trainer_state.get("world_size") == self.env.world_size and rng_file.exists():

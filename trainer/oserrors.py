@@ -33,15 +33,15 @@ def _chained(error: BaseException) -> Iterator[BaseException]:
     seen, stack = set(), [error]
     while stack:
         current = stack.pop()
-        if current is None or id(current) in seen:
+        if not isinstance(current, BaseException) or id(current) in seen:
             continue
         seen.add(id(current))
         yield current
         stack += [current.__cause__, current.__context__]
-        failures = getattr(current, "failures", None)  # torch.distributed.checkpoint.api.CheckpointException
+        failures = getattr(current, "failures", None)  # DCP's CheckpointException: {rank: (exception, stack)}
         if isinstance(failures, dict):
             for failure in failures.values():
-                stack.append(failure if isinstance(failure, BaseException) else getattr(failure, "exc", None))
+                stack.append(failure[0] if isinstance(failure, tuple) and failure else failure)
 
 
 def find_os_error(error: BaseException) -> Optional[OSError]:
