@@ -129,5 +129,8 @@ def _validate_components(cfg: TrainConfig) -> None:
         cfg.model.validate()
     except ValueError as error:  # ModelConfig names fields as 'ModelConfig.x'; say 'model.x' as typed
         raise ConfigError(str(error).replace("ModelConfig.", "model.")) from error
-    validate_data_config(cfg.data)
-    validate_precision_config(cfg.precision)
+    for validate in (lambda: validate_data_config(cfg.data), lambda: validate_precision_config(cfg.precision)):
+        try:
+            validate()
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
