@@ -43,14 +43,25 @@ class CollectiveTimeout(RuntimeError):
     """A collective did not complete within the process-group timeout; names the rank and the phase."""
 
 
+_TIMED_OUT = ("Timed out", "timed out", "Timeout")
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+
+
 def raise_if_collective_timeout(error: BaseException, phase: str, rank: int, timeout_s: float) -> None:
-    """Re-raise a process-group timeout as a CollectiveTimeout that says where it happened."""
+    """Re-raise a process-group timeout, or a peer's lost connection, saying where it happened."""
     text = str(error)
-    if isinstance(error, RuntimeError) and ("Timed out" in text or "timed out" in text or "Timeout" in text):
+    if not isinstance(error, RuntimeError):
+        return
+    if any(mark in text for mark in _TIMED_OUT):
         raise CollectiveTimeout(
             f"rank {rank}: {phase} did not complete within parallel.collective_timeout_s={timeout_s:g} s: another "
-            f"rank is stalled or dead (the first lines of its log, or the heartbeat message, name it). "
+            f"rank is stalled or dead (the heartbeat message or that rank's log names it). "
             f"Backend: {text.strip()[:300]}"
+        ) from error
+    if any(mark in text for mark in _PEER_GONE):
+        raise CollectiveTimeout(
+            f"rank {rank}: {phase} failed: a peer rank closed its connection (it died or was killed; its log says "
+            f"why). Backend: {text.strip()[:300]}"
         ) from error
 
 
