@@ -121,7 +121,8 @@ class CheckpointConfig:
     """'auto' (latest complete checkpoint in dir, if any), 'none', or a checkpoint path."""
     verify: bool = True
     """Check every file of the checkpoint against the sha256 recorded when it was saved before loading it;
-    false skips the hashing (sizes are still checked) and should be a knowing choice (docs/reliability.md)."""
+    false skips the hashing (sizes are still checked) and accepts checkpoints saved without integrity.json:
+    a knowing choice (docs/reliability.md)."""
     on_corrupt: str = "fallback"
     """A corrupt or incomplete newest checkpoint (resume=auto): 'fallback' sets it aside as corrupt_step_N and
     resumes from the newest intact one; 'stop' stops the run naming it. An explicit resume path always stops."""
