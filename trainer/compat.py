@@ -40,12 +40,13 @@ IGNORED_MODEL_FIELDS = {
 
 
 def parameter_layout(model: torch.nn.Module) -> Dict[str, Optional[List[int]]]:
-    """name -> global shape of every state-dict entry (None for non-tensor extra state).
+    """name -> global shape of every state-dict entry (None for extra state, whose size varies by content).
 
     Under FSDP2 the entries are DTensors whose .shape is the global (unsharded) shape, so the
     layout is the same for every world size.
     """
-    return {name: (list(value.shape) if isinstance(value, torch.Tensor) else None)
+    return {name: (list(value.shape) if isinstance(value, torch.Tensor) and not name.endswith("_extra_state")
+                   else None)
             for name, value in model.state_dict().items()}
 
 

@@ -157,7 +157,7 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
 
     def trainer_state() -> dict:
         return {"step": state.step, "tokens": state.tokens, "seed": cfg.seed, "data": loader.state_dict(),
-                "guard": guard.state_dict(), "precision": plan.state_dict(), "skipped_batches": skipped_batches,
+                "guard": guard.state_dict(), "precision": plan.state_dict(), "skipped_batches": list(skipped_batches),
                 "model_config": dataclasses.asdict(cfg.model)}  # lets scripts/export_hf.py rebuild the model
 
     skip_batches = set(cfg.train.skip_batches)

@@ -246,3 +246,21 @@ def test_allow_model_change_loads_what_matches_and_keeps_the_other_models_checkp
     # keep=1 prunes among the 4-block checkpoints (6 went, 8 stays); the 6-block ones stay
     assert names == ["step_00000002", "step_00000004", "step_00000008"]
     assert read_trainer_state(run_dir / "checkpoints" / "step_00000008")["model_config"]["pattern"] == "M-M*"
+
+
+def test_model_comparison_ignores_labels_kernels_and_init_but_not_what_the_weights_compute():
+    import dataclasses
+
+    from models.config import ModelConfig
+    from trainer.compat import layout_differences, model_config_differences
+
+    saved = dataclasses.asdict(ModelConfig())
+    same = dict(saved, name="renamed", ssd_backend="torch", conv_backend="conv1d", chunk_size=32, init_std=0.01)
+    assert model_config_differences(saved, same) == []
+    assert model_config_differences(saved, dict(saved, norm_eps=1e-6)) == [
+        "model.norm_eps: checkpoint 1e-05, this run 1e-06"]
+    layout = {"a.weight": [4, 4], "b.weight": [4]}
+    assert layout_differences(layout, dict(layout)) == []
+    assert layout_differences(layout, {"a.weight": [4, 8], "c.weight": [4]}) == [
+        "1 entries only in the checkpoint (b.weight)", "1 entries only in this run's model (c.weight)",
+        "a.weight: checkpoint shape [4, 4], this run [4, 8]"]
