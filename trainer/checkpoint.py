@@ -215,7 +215,8 @@ class Checkpointer:
             if self.env.is_main:
                 _warn(message + "; trying the previous one")
             rejected.append((path, message))
-        earlier = sorted(p.name for p in self.dir.glob(f"{CORRUPT_PREFIX}*")) if self.dir.is_dir() else []
+        earlier = broadcast_object(sorted(p.name for p in self.dir.glob(f"{CORRUPT_PREFIX}*"))
+                                   if self.env.is_main and self.dir.is_dir() else [])
         if rejected or earlier:
             listed = "; ".join(message for _, message in rejected) or f"set aside before: {earlier}"
             raise CorruptCheckpoint(
@@ -359,7 +360,7 @@ class Checkpointer:
         removed = ""
         if self.env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-            removed = (f"; the partial directory {tmp} was removed" if not tmp.exists()
+            removed = (f"; no partial directory is left behind (removed {tmp})" if not tmp.exists()
                        else f"; the partial directory {tmp} could not be removed: delete it by hand")
         barrier()
         intact = [p.name for p in list_checkpoints(self.dir)]
