@@ -285,9 +285,19 @@ class Checkpointer:
         try:
             dcp.save(state, checkpoint_id=str(tmp))  # a failure on any rank raises on every rank
         except (Exception, CheckpointException) as failure:  # noqa: BLE001 - CheckpointException is a BaseException
-            self._fail(tmp, final, [explain_write_failure(failure, tmp)], failure)
+            self._agree(self._explain_own_failure(failure, tmp), tmp, final)
+            self._fail(tmp, final, [f"{type(failure).__name__}: {failure}"], failure)  # if no rank said why
         self._finalize(tmp, final, trainer_state)
         return final
+
+    def _explain_own_failure(self, failure: BaseException, tmp: Path) -> Optional[str]:
+        """'rank r: why' if this rank's own write failed (DCP raises every rank's failures on every rank)."""
+        if isinstance(failure, CheckpointException):
+            if self.env.rank not in failure.failures:
+                return None
+            own = failure.failures[self.env.rank]
+            failure = own[0] if isinstance(own, tuple) else own
+        return f"rank {self.env.rank}: {explain_write_failure(failure, tmp)}"
 
     def poll(self) -> None:
         """Make a finished async save visible; call every step (collective while a save is pending)."""
@@ -309,7 +319,7 @@ class Checkpointer:
         try:
             future.result()
         except (Exception, CheckpointException) as failure:  # noqa: BLE001
-            error = f"rank {self.env.rank}: {explain_write_failure(failure, tmp)}"
+            error = self._explain_own_failure(failure, tmp)
         self._agree(error, tmp, final)
         self._finalize(tmp, final, trainer_state)
 

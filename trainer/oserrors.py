@@ -1,15 +1,18 @@
 """Say why a write failed: the OS error in an exception chain, or a full disk when nothing says so.
 
 Writers bury the cause. DCP wraps each rank's exception in a CheckpointException; torch.save's
-zip writer reports a short write to a full disk as "unexpected pos 704 vs 598", with no errno.
-`explain_write_failure` walks causes, contexts and DCP's per-rank failures for an OSError and
-names its errno in words ("no space left on device"); when there is none and the filesystem
-holding the path has (almost) no space left, it says the disk is probably full.
+zip writer (DCP uses it for non-tensor items) reports a refused write as "unexpected pos 704 vs
+598", with no errno. `explain_write_failure` walks causes, contexts and DCP's per-rank failures
+for an OSError and names its errno in words ("no space left on device"); when there is none, it
+says the disk is probably full if the filesystem holding the path has (almost) no space left,
+or the file was probably too large if this process has a file-size limit (ulimit -f). The
+caller runs it on the rank that failed: free space and limits are that rank's.
 """
 
 from __future__ import annotations
 
 import errno
+import resource
 import shutil
 from pathlib import Path
 from typing import Iterator, Optional
@@ -69,8 +72,12 @@ def explain_write_failure(error: BaseException, path: Path) -> str:
         words = _IN_WORDS.get(os_error.errno, errno.errorcode.get(os_error.errno, str(os_error.errno)))
         where = os_error.filename or path
         return f"{words} ({type(os_error).__name__} [Errno {os_error.errno}] {os_error.strerror}) writing {where}"
+    said = f"the writer said: {type(error).__name__}: {str(error).strip()[-300:]}"
     free = free_bytes(path)
     if free is not None and free < NEARLY_FULL_BYTES:
-        return (f"no space left on device, most likely: the filesystem of {path} has {free} bytes free "
-                f"(the writer said: {type(error).__name__}: {error})")
+        return f"no space left on device, most likely: the filesystem of {path} has {free} bytes free ({said})"
+    size_limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if size_limit != resource.RLIM_INFINITY:
+        return (f"file too large, most likely: this process may not write files over {size_limit} bytes "
+                f"(ulimit -f) writing under {path} ({said})")
     return f"{type(error).__name__}: {error} (writing {path})"

@@ -77,3 +77,18 @@ def test_a_real_write_failure_from_the_kernel_is_reported_with_the_path(tmp_path
     assert re.search(r"CheckpointSaveError: saving checkpoint .*step_00000002 failed: .*file too large.*"
                      r"\.tmp_step_00000002", process.stderr), process.stderr[-3000:]
     assert _checkpoint_names(tmp_path) == []  # the partial directory is gone
+
+
+def test_a_write_failure_without_errno_on_a_full_disk_is_called_a_full_disk(tmp_path, monkeypatch):
+    """torch.save's zip writer turns a refused write into "unexpected pos 704 vs 598" (the issue's message)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from trainer import oserrors
+
+    buried = CheckpointException("save", {1: (RuntimeError("[enforce fail at inline_container.cc:672] . "
+                                                           "unexpected pos 704 vs 598"), None)})
+    monkeypatch.setattr(oserrors, "free_bytes", lambda path: 4096)
+    assert oserrors.explain_write_failure(buried, tmp_path).startswith(
+        f"no space left on device, most likely: the filesystem of {tmp_path} has 4096 bytes free")
+    wrapped = CheckpointException("save", {0: (OSError(errno.ENOSPC, "No space left on device"), None)})
+    assert oserrors.explain_write_failure(wrapped, tmp_path).startswith("no space left on device (OSError [Errno 28]")
