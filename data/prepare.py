@@ -48,7 +48,8 @@ from data.shards import (
     shard_file_names,
 )
 from data.decoding import UNDECODABLE_MARK, is_decode_failure, undecodable_message
-from data.sources import describe_source, load_source, resolve_data_files, source_location
+from data.sources import describe_source, load_source, source_location
+from data.sources import resolve_data_files
 from data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
