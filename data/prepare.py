@@ -32,6 +32,7 @@ from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
 
 from data.config import DataConfig, SourceConfig
+from data.decoding import UNDECODABLE_MARK, is_decode_failure, undecodable_message
 from data.errors import DataError
 from data.shards import (
     FORMAT_NAME,
@@ -47,9 +48,7 @@ from data.shards import (
     read_manifest,
     shard_file_names,
 )
-from data.decoding import UNDECODABLE_MARK, is_decode_failure, undecodable_message
 from data.sources import describe_source, load_source, source_location
-from data.sources import resolve_data_files
 from data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -348,6 +347,8 @@ def prepare_source(
         except Exception as error:  # json bytes reach Python (and fail to decode) only at tokenization
             if isinstance(error, DataError) or not is_decode_failure(error):
                 raise
+            from data.sources import resolve_data_files  # only on this failure path
+
             files = resolve_data_files(source)[0] if source.kind == "files" else []
             raise DataError(undecodable_message(f"source {source.name!r} ({source_location(source)})", files,
                                                 error)) from error
