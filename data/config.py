@@ -90,6 +90,9 @@ class DataConfig:
     """Also return 'document_ids' [B, T]: per input position, the index of its document within the window (0, 1, ...)."""
     verify_checksums: bool = True
     """Verify each shard's sha256 once per process when opening it; set false only to skip that cost knowingly."""
+    skip_undecodable_documents: bool = False
+    """Drop documents of local json/text files that are not valid UTF-8, counted in the manifest's skipped_documents,
+    instead of stopping preparation at the first one (whose file and line the error names)."""
 
 
 def validate_data_config(cfg: DataConfig) -> None:

@@ -32,6 +32,7 @@ from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
 
 from data.config import DataConfig, SourceConfig
+from data.decoding import UNDECODABLE_MARK, is_decode_failure, undecodable_message
 from data.errors import DataError
 from data.shards import (
     FORMAT_NAME,
@@ -58,7 +59,7 @@ MAP_BATCH_SIZE = 256
 
 def preparation_settings(cfg: DataConfig, source: SourceConfig, tokenizer: Tokenizer) -> dict:
     """Everything the shards depend on; equal settings give byte-identical shards (streaming or not)."""
-    return {
+    settings = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "name": source.name,
@@ -67,6 +68,9 @@ def preparation_settings(cfg: DataConfig, source: SourceConfig, tokenizer: Token
         "validation_fraction": cfg.validation_fraction,
         "documents_per_shard": cfg.documents_per_shard,
     }
+    if cfg.skip_undecodable_documents:  # only when set: caches of clean runs keep their keys
+        settings["skip_undecodable_documents"] = True
+    return settings
 
 
 def prepared_directory(cfg: DataConfig, source: SourceConfig, tokenizer: Tokenizer) -> Path:
@@ -101,19 +105,23 @@ def _completed_chunk(directory: Path, chunk: int, first_document: int, documents
 
 
 def _write_chunk(
-    directory: Path, chunk: int, first_document: int, tokens: np.ndarray, lengths: np.ndarray, fraction: float
+    directory: Path, chunk: int, first_document: int, tokens: np.ndarray, lengths: np.ndarray, fraction: float,
+    dropped: np.ndarray | None = None,
 ) -> dict:
     """Split one tokenized chunk by document into train / validation shards; write them and the chunk record.
 
     tokens: uint32 [sum(lengths)], documents back to back, each ending with EOS; lengths: int64 [documents].
+    dropped: bool [documents], documents skipped as undecodable (length 0: not even an EOS); they keep
+    their index (so the validation split of the others does not move) and are counted in the record.
     """
     document_indices = np.arange(first_document, first_document + len(lengths), dtype=np.int64)
     held_out = is_validation_document(document_indices, fraction)
     token_held_out = np.repeat(held_out, lengths)
+    kept = ~dropped if dropped is not None else np.ones(len(lengths), dtype=bool)
     entries = []
     for split, document_mask, token_mask in (
-        ("train", ~held_out, ~token_held_out),
-        ("validation", held_out, token_held_out),
+        ("train", ~held_out & kept, ~token_held_out),
+        ("validation", held_out & kept, token_held_out),
     ):
         split_tokens = np.ascontiguousarray(tokens[token_mask], dtype=TOKEN_DTYPE)
         offsets = np.zeros(int(document_mask.sum()) + 1, dtype=np.int64)
@@ -136,14 +144,23 @@ def _write_chunk(
             }
         )
     record = {"chunk": chunk, "first_document": first_document, "documents": int(len(lengths)), "shards": entries}
+    if not kept.all():
+        record["skipped_documents"] = {"undecodable": int((~kept).sum())}
+        record["skipped_document_indices"] = document_indices[~kept].tolist()
+        log.warning("chunk %d of %s: skipped %d undecodable documents (indices %s...)", chunk, directory,
+                    int((~kept).sum()), record["skipped_document_indices"][:5])
     atomic_write_json(_chunk_record_path(directory, chunk), record)
     return record
 
 
 def tokenize_batch(
-    batch: dict, indices: list[int], *, tokenizer: Tokenizer, text_field: str, first_document: int, where: str
+    batch: dict, indices: list[int], *, tokenizer: Tokenizer, text_field: str, first_document: int, where: str,
+    skip_undecodable: bool = False,
 ) -> dict:
-    """datasets.map function: each document's token ids followed by EOS (runs in worker processes)."""
+    """datasets.map function: each document's token ids followed by EOS (runs in worker processes).
+
+    skip_undecodable: a document holding UNDECODABLE_MARK (data/decoding.py) gets no tokens at all, not even EOS.
+    """
     texts = batch[text_field]
     for text, index in zip(texts, indices):
         if not isinstance(text, str):
@@ -151,7 +168,9 @@ def tokenize_batch(
                 f"{where}: document {first_document + index} has no text in field {text_field!r} "
                 f"(got {type(text).__name__})"
             )
-    return {"input_ids": [ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch(texts)]}
+    dropped = [skip_undecodable and UNDECODABLE_MARK in text for text in texts]
+    encoded = tokenizer.encode_batch(["" if drop else text for text, drop in zip(texts, dropped)])
+    return {"input_ids": [[] if drop else ids + [tokenizer.eos_id] for ids, drop in zip(encoded, dropped)]}
 
 
 def _flatten_token_lists(column) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +185,8 @@ def _flatten_token_lists(column) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _tokenize_indexed(
-    dataset, first: int, end: int, *, tokenizer: Tokenizer, source: SourceConfig, num_proc: int, scratch: Path, chunk: int
+    dataset, first: int, end: int, *, tokenizer: Tokenizer, source: SourceConfig, num_proc: int, scratch: Path, chunk: int,
+    skip_undecodable: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Documents [first, end) of an indexable dataset -> (uint32 tokens with EOS after each, int64 lengths)."""
     import datasets
@@ -185,6 +205,7 @@ def _tokenize_indexed(
             "text_field": source.text_field,
             "first_document": first,
             "where": f"source {source.name!r} ({source_location(source)})",
+            "skip_undecodable": skip_undecodable,
         },
         remove_columns=part.column_names,
         features=datasets.Features({"input_ids": datasets.Sequence(datasets.Value("uint32"))}),
@@ -199,17 +220,23 @@ def _tokenize_indexed(
     return tokens, lengths
 
 
-def _tokenize_texts(texts: list, *, tokenizer: Tokenizer, source: SourceConfig, first_document: int):
+def _tokenize_texts(texts: list, *, tokenizer: Tokenizer, source: SourceConfig, first_document: int,
+                    skip_undecodable: bool = False):
     where = f"source {source.name!r} ({source_location(source)})"
     pieces = []
     for start in range(0, len(texts), 4096):
         batch = texts[start : start + 4096]
         ids = tokenize_batch({"text": batch}, range(start, start + len(batch)), tokenizer=tokenizer, text_field="text",
-                             first_document=first_document, where=where)["input_ids"]
+                             first_document=first_document, where=where, skip_undecodable=skip_undecodable)["input_ids"]
         pieces.extend(ids)
     lengths = np.fromiter((len(ids) for ids in pieces), dtype=np.int64, count=len(pieces))
     tokens = np.fromiter((token for ids in pieces for token in ids), dtype=TOKEN_DTYPE, count=int(lengths.sum()))
     return tokens, lengths
+
+
+def _dropped(lengths: np.ndarray, cfg: DataConfig) -> np.ndarray | None:
+    """Documents dropped by tokenize_batch (the only ones without even an EOS), when skipping is on."""
+    return lengths == 0 if cfg.skip_undecodable_documents else None
 
 
 def _prepare_indexed(dataset, directory, cfg, source, tokenizer, num_proc, progress) -> list[dict]:
@@ -224,9 +251,10 @@ def _prepare_indexed(dataset, directory, cfg, source, tokenizer, num_proc, progr
             if record is None:
                 tokens, lengths = _tokenize_indexed(
                     dataset, first, end, tokenizer=tokenizer, source=source, num_proc=num_proc,
-                    scratch=directory / "tmp", chunk=chunk,
+                    scratch=directory / "tmp", chunk=chunk, skip_undecodable=cfg.skip_undecodable_documents,
                 )
-                record = _write_chunk(directory, chunk, first, tokens, lengths, cfg.validation_fraction)
+                record = _write_chunk(directory, chunk, first, tokens, lengths, cfg.validation_fraction,
+                                      _dropped(lengths, cfg))
             records.append(record)
             bar.update()
     return records
@@ -247,13 +275,17 @@ def _prepare_streaming(dataset, directory, cfg, source, tokenizer, progress) -> 
         for example in stream:
             buffer.append(example.get(source.text_field) if isinstance(example, dict) else None)
             if len(buffer) == per_chunk:
-                tokens, lengths = _tokenize_texts(buffer, tokenizer=tokenizer, source=source, first_document=chunk * per_chunk)
-                records.append(_write_chunk(directory, chunk, chunk * per_chunk, tokens, lengths, cfg.validation_fraction))
+                tokens, lengths = _tokenize_texts(buffer, tokenizer=tokenizer, source=source, first_document=chunk * per_chunk,
+                                                  skip_undecodable=cfg.skip_undecodable_documents)
+                records.append(_write_chunk(directory, chunk, chunk * per_chunk, tokens, lengths, cfg.validation_fraction,
+                                            _dropped(lengths, cfg)))
                 bar.update(len(buffer))
                 chunk, buffer = chunk + 1, []
         if buffer:
-            tokens, lengths = _tokenize_texts(buffer, tokenizer=tokenizer, source=source, first_document=chunk * per_chunk)
-            records.append(_write_chunk(directory, chunk, chunk * per_chunk, tokens, lengths, cfg.validation_fraction))
+            tokens, lengths = _tokenize_texts(buffer, tokenizer=tokenizer, source=source, first_document=chunk * per_chunk,
+                                              skip_undecodable=cfg.skip_undecodable_documents)
+            records.append(_write_chunk(directory, chunk, chunk * per_chunk, tokens, lengths, cfg.validation_fraction,
+                                        _dropped(lengths, cfg)))
             bar.update(len(buffer))
     return records
 
@@ -307,10 +339,19 @@ def prepare_source(
     started = time.perf_counter()
     with _datasets_progress(progress):
         dataset = load_source(source, cfg)
-        if source.streaming:
-            records = _prepare_streaming(dataset, directory, cfg, source, tokenizer, progress)
-        else:
-            records = _prepare_indexed(dataset, directory, cfg, source, tokenizer, num_proc, progress)
+        try:
+            if source.streaming:
+                records = _prepare_streaming(dataset, directory, cfg, source, tokenizer, progress)
+            else:
+                records = _prepare_indexed(dataset, directory, cfg, source, tokenizer, num_proc, progress)
+        except Exception as error:  # json bytes reach Python (and fail to decode) only at tokenization
+            if isinstance(error, DataError) or not is_decode_failure(error):
+                raise
+            from data.sources import resolve_data_files  # only on this failure path
+
+            files = resolve_data_files(source)[0] if source.kind == "files" else []
+            raise DataError(undecodable_message(f"source {source.name!r} ({source_location(source)})", files,
+                                                error)) from error
     if sum(record["documents"] for record in records) == 0:
         raise DataError(f"source {source.name!r} ({source_location(source)}) holds no documents")
     manifest = _assemble_manifest(
@@ -329,6 +370,7 @@ def _assemble_manifest(
     name: str, source: dict, tokenizer_identity: dict, fraction: float, per_chunk: int, records: list[dict], seconds: float
 ) -> dict:
     shards = [entry for record in records for entry in record["shards"]]
+    skipped = sum(record.get("skipped_documents", {}).get("undecodable", 0) for record in records)
     splits = {
         split: {
             "tokens": sum(entry["tokens"] for entry in shards if entry["split"] == split),
@@ -353,6 +395,7 @@ def _assemble_manifest(
         "shards": shards,
         "seconds": round(seconds, 3),
         "complete": True,
+        **({"skipped_documents": {"undecodable": skipped}} if skipped else {}),
     }
 
 

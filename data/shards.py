@@ -14,7 +14,9 @@ goes to the validation split when ``unit_hash(index, VALIDATION_SALT) < validati
 a fixed function of its index, so the split depends on neither the tokenizer nor the order of
 processing. A split's token stream is its shards concatenated in chunk order.
 
-Verification on open (`open_split`): every shard listed must exist with exactly the size the
+Verification on open (`open_split`): the manifest must list each chunk's shards exactly once,
+its split totals must equal the sums of its shards, and no unlisted shard file may sit beside
+them (`check_manifest_totals`); every shard listed must exist with exactly the size the
 manifest gives (a stat per file: catches missing and truncated shards), the index must agree
 with the token count, the tokenizer identity must match the configured tokenizer, and (unless
 ``verify_checksums`` is off) the sha256 of every file is checked once per process. sha256 ran
@@ -112,6 +114,46 @@ def read_manifest(directory: Path) -> dict:
     if not manifest.get("complete"):
         raise DataError(f"{path} is not marked complete: preparation was interrupted; run it again")
     return manifest
+
+
+def check_manifest_totals(directory: Path, manifest: dict) -> None:
+    """The manifest agrees with itself and the directory: every chunk's shards listed once, split totals equal
+    to the sums of their shards, and no shard file present that it does not list. Errors name the shard.
+
+    A removed or duplicated entry would otherwise train on fewer (or repeated) tokens without a word.
+    """
+    path = directory / "manifest.json"
+    documents, per_chunk = int(manifest.get("documents", 0)), manifest.get("documents_per_shard")
+    chunks = -(-documents // int(per_chunk)) if per_chunk and documents else 1
+    for split in SPLITS:
+        entries = [entry for entry in manifest["shards"] if entry["split"] == split]
+        listed = [entry["bin"] for entry in entries]
+        expected = [shard_file_names(split, chunk)[0] for chunk in range(chunks)]
+        for name in sorted(set(listed)):
+            if listed.count(name) > 1:
+                raise DataError(f"{path} lists shard {directory / name} {listed.count(name)} times")
+        for name in expected:
+            if name not in listed:
+                raise DataError(f"{path} lists no entry for shard {directory / name} (its {documents} documents "
+                                f"make {chunks} chunks of {per_chunk}): the entry was removed; prepare the source again")
+        for name in listed:
+            if name not in expected:
+                raise DataError(f"{path} lists shard {directory / name}, beyond its {chunks} chunks")
+        on_disk = sorted(found.name for found in directory.glob(f"{split}-*.bin"))
+        for name in on_disk:
+            if name not in listed:
+                raise DataError(f"shard file {directory / name} is not listed in {path} (an entry was removed, or "
+                                "the file does not belong here)")
+        totals = manifest["splits"][split]
+        for key in ("tokens", "documents"):
+            summed = sum(int(entry[key]) for entry in entries)
+            if int(totals[key]) != summed:
+                raise DataError(f"{path}: the {split} split records {totals[key]} {key} but its shards hold {summed}")
+    held = sum(int(manifest["splits"][split]["documents"]) for split in SPLITS)
+    skipped = sum(int(count) for count in manifest.get("skipped_documents", {}).values())
+    if held + skipped != documents:
+        raise DataError(f"{path} records {documents} documents but its splits hold {held}"
+                        + (f" and {skipped} were skipped" if skipped else ""))
 
 
 def check_tokenizer_matches(manifest_path: Path, recorded: dict, expected: dict) -> None:
@@ -274,6 +316,7 @@ def open_split(
             f"{manifest_path} holds out validation_fraction={recorded_fraction} of documents but "
             f"data.validation_fraction is {expected_validation_fraction}; prepare again or set it to match"
         )
+    check_manifest_totals(directory, manifest)
     entries = [entry for entry in manifest["shards"] if entry["split"] == split]
     shards = [_open_shard(directory, entry, manifest_path) for entry in entries]
     if verify_checksums:

@@ -26,6 +26,7 @@ from functools import lru_cache
 
 from data.builtin import load_builtin_corpus
 from data.config import DataConfig, SourceConfig
+from data.decoding import ERROR_HANDLER, is_decode_failure, undecodable_message
 from data.errors import DataError
 from data.saved_datasets import (
     SUPPORTED_FORMATS,
@@ -163,6 +164,9 @@ def load_source(source: SourceConfig, cfg: DataConfig):
         files, file_format = resolve_data_files(source)
         where = f"source {source.name!r} (files {[str(p) for p in files[:3]]}{'...' if len(files) > 3 else ''})"
         options = {"sample_by": source.text_sample_by} if file_format == "text" else {}
+        if cfg.skip_undecodable_documents and file_format in ("json", "text"):
+            # "utf_8" (not "utf-8") makes the json builder decode with our handler too (data/decoding.py)
+            options.update(encoding="utf_8", encoding_errors=ERROR_HANDLER)
         try:
             dataset = datasets.load_dataset(
                 file_format,
@@ -173,6 +177,8 @@ def load_source(source: SourceConfig, cfg: DataConfig):
                 **options,
             )
         except Exception as error:  # datasets raises many types (StopIteration on an empty json, ArrowInvalid...)
+            if is_decode_failure(error):
+                raise DataError(undecodable_message(where, files, error)) from error
             raise DataError(f"{where}: cannot load as {file_format}: {type(error).__name__}: {error}") from error
     else:
         where = f"source {source.name!r} (Hub dataset {source.hf_name}, config {source.hf_config}, split {source.split})"

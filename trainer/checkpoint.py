@@ -1,17 +1,36 @@
-"""Checkpoints with PyTorch Distributed Checkpoint (DCP): save, find, resume, keep the last K.
+"""Checkpoints with PyTorch Distributed Checkpoint (DCP): save, verify, find, resume, keep the last K.
 
 On disk, one directory per checkpoint:
 
   <dir>/step_00000100/          a complete checkpoint (visible only once everything is written)
       .metadata, __*_*.distcp   DCP: model and optimizer state, sharded as the run was
-      trainer_state.json        step, tokens, data-loader position, guard counters, world size
-      rng_rank{r}.pt            each rank's RNG states (python, numpy, torch CPU and CUDA)
+      trainer_state.json        step, tokens, data-loader position, guard counters, world size,
+                                model config, precision backend and parameter layout
+      rng_rank{r}.json          each rank's RNG states (python, numpy, torch CPU and CUDA) as JSON
+      integrity.json            size and sha256 of every file above (trainer/integrity.py)
   <dir>/.tmp_step_00000200/     a save in progress (ignored by resume, removed by the next save)
+  <dir>/corrupt_step_00000300/  a checkpoint that failed verification, set aside (never deleted)
+  <dir>/superseded_step_00000400/  a checkpoint newer than the one a run resumed from, set aside
 
 Atomicity: every rank writes into the `.tmp_` directory; after a barrier rank 0 writes
-trainer_state.json last and renames the directory to its final name (rename is atomic on
-POSIX filesystems). A run killed mid-save leaves only a `.tmp_` directory, so the next start
-resumes from the previous complete checkpoint.
+trainer_state.json, the ranks hash the files (each its share), rank 0 writes integrity.json
+and renames the directory to its final name (rename is atomic on POSIX filesystems). A run
+killed mid-save leaves only a `.tmp_` directory, so the next start resumes from the previous
+complete checkpoint. A save that fails (disk full, permission denied) stops the run with the
+reason and the path, after removing its `.tmp_` directory; the previous checkpoints are untouched.
+
+Resume (`select_resume`, then `load`): the newest checkpoint is verified against its
+integrity.json before anything of it is read (DCP's `.metadata` is a pickle, so this comes
+first); a corrupt or incomplete one is reported by path and, with checkpoint.on_corrupt=fallback,
+set aside as corrupt_step_N while the run resumes from the newest intact one. Then the recorded
+model is compared with the run's (trainer/compat.py): a mismatch stops before anything is loaded
+or pruned, unless checkpoint.allow_model_change. Nothing here is unpickled: trainer state and
+RNG states are JSON. DCP checkpoints are trusted input all the same (docs/reliability.md).
+
+Pruning keeps the newest `keep` checkpoints of this run's model, and also, whatever its age,
+the newest one saved while training was healthy (no non-finite step in a row at that moment),
+so that a NaN halt followed by any number of restarts never deletes the last good checkpoint.
+Checkpoints of another model (allow_model_change) are never pruned.
 
 Async saves (checkpoint.async_save): DCP stages the state to CPU memory and writes it from a
 background thread on a dedicated gloo group; the checkpoint becomes visible (renamed) at the
@@ -24,96 +43,261 @@ restored when the world size matches and re-seeded from (seed, step, rank) other
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import json
 import os
 import random
 import shutil
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
-from trainer import faults
+from trainer import compat, faults, integrity
 from trainer.config import CheckpointConfig
-from trainer.distributed import DistEnv, barrier, broadcast_object
+from trainer.distributed import DistEnv, all_gather_object, barrier, broadcast_object, process_group_timeout_s
+from trainer.oserrors import explain_write_failure
 
 _PREFIX = "step_"
 _TMP_PREFIX = ".tmp_step_"
+CORRUPT_PREFIX = "corrupt_"
+SUPERSEDED_PREFIX = "superseded_"
+STATE_FILE = "trainer_state.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be saved or used; the message names its path and the reason."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint's files do not match what was written (or cannot be parsed)."""
+
+
+class IncompatibleCheckpoint(CheckpointError):
+    """A checkpoint holds another model than the run's."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed; its partial directory was removed and older checkpoints are intact."""
 
 
 def checkpoint_name(step: int) -> str:
     return f"{_PREFIX}{step:08d}"
 
 
+def _step_of(path: Path) -> int:
+    return int(path.name[len(_PREFIX):])
+
+
 def is_complete(path: Path) -> bool:
-    return path.is_dir() and (path / ".metadata").exists() and (path / "trainer_state.json").exists()
+    return path.is_dir() and (path / ".metadata").exists() and (path / STATE_FILE).exists()
+
+
+def _candidates(directory: Path) -> list:
+    """Every step_N directory, complete or not, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir()
+             if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX):].isdigit()]
+    return sorted(found, key=_step_of)
 
 
 def list_checkpoints(directory: Path) -> list:
     """Complete checkpoints, oldest first."""
-    if not directory.is_dir():
-        return []
-    found = [p for p in directory.iterdir() if p.name.startswith(_PREFIX) and is_complete(p)]
-    return sorted(found, key=lambda p: int(p.name[len(_PREFIX):]))
+    return [p for p in _candidates(directory) if is_complete(p)]
+
+
+def read_trainer_state(path: Path) -> dict:
+    """trainer_state.json of a checkpoint, as JSON (never unpickled); errors name the file."""
+    file = Path(path) / STATE_FILE
+    try:
+        state = json.loads(file.read_text())
+        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+            raise ValueError("not a JSON object with an integer 'step'")
+        return state
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        raise CorruptCheckpoint(f"cannot read {file}: {type(error).__name__}: {error}") from error
+
+
+def _set_aside(path: Path, prefix: str) -> Path:
+    """Rename a checkpoint out of the way (never delete it): <prefix><name>, -2, -3... if taken."""
+    target = path.with_name(prefix + path.name)
+    number = 2
+    while target.exists():
+        target = path.with_name(f"{prefix}{path.name}-{number}")
+        number += 1
+    os.rename(path, target)
+    return target
+
+
+def _warn(message: str) -> None:
+    print(f"checkpoint: {message}", file=sys.stderr, flush=True)
 
 
 class Checkpointer:
-    def __init__(self, cfg: CheckpointConfig, run_dir: Path, env: DistEnv):
+    def __init__(self, cfg: CheckpointConfig, run_dir: Path, env: DistEnv, model_config=None,
+                 precision_backend: Optional[str] = None):
+        """model_config / precision_backend: the run's, recorded in each checkpoint and compared on resume."""
         self.cfg = cfg
         self.env = env
+        self.model_config = model_config
+        self.precision_backend = precision_backend
         self.dir = Path(cfg.dir) if cfg.dir else Path(run_dir) / "checkpoints"
+        self.set_aside: List[Tuple[str, str]] = []  # (new path, reason) of checkpoints moved aside at resume
         self._pending = None  # (future, tmp_dir, final_dir, trainer_state) of an async save
         # An async save runs its collectives from a background thread: on the default group they
         # would interleave with the training step's FSDP collectives and deadlock. It gets its own
         # gloo group (created here, by every rank together).
         self._async_group = None
         if cfg.async_save and env.distributed:
+            import datetime
+
             import torch.distributed as dist
 
-            self._async_group = dist.new_group(backend="gloo")
+            self._async_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(
+                seconds=process_group_timeout_s()))
 
     # ----------------------------------------------------------------------------- finding
-    def resume_path(self) -> Optional[Path]:
-        """The checkpoint to resume from, per checkpoint.resume (auto | none | path)."""
+    def verify(self, path: Path) -> List[str]:
+        """Problems of a checkpoint directory, found by all ranks together (collective); [] when intact."""
+        mine = integrity.verify_directory(Path(path), hash_files=self.cfg.verify, rank=self.env.rank,
+                                          world_size=self.env.world_size)
+        problems = []
+        for found in all_gather_object(mine):
+            problems += [problem for problem in found if problem not in problems]
+        if not problems:
+            try:
+                read_trainer_state(Path(path))  # also parsed when checkpoint.verify=false skipped the hashes
+            except CorruptCheckpoint as error:
+                problems.append(str(error))
+        return problems
+
+    def select_resume(self) -> Optional[Path]:
+        """The verified checkpoint to resume from, per checkpoint.resume (auto | none | path). Collective.
+
+        resume=auto: the newest step_N directory that passes verification. A corrupt newer one stops
+        the run (on_corrupt=stop) or is moved to corrupt_step_N (on_corrupt=fallback). No intact one
+        while corrupt ones exist stops the run: starting afresh is never silent.
+        """
         if self.cfg.resume == "none":
             return None
         if self.cfg.resume != "auto":
             path = Path(self.cfg.resume)
-            if not is_complete(path):
-                raise FileNotFoundError(
-                    f"checkpoint.resume={self.cfg.resume!r} is not a complete checkpoint "
-                    "(needs .metadata and trainer_state.json)"
-                )
+            if not path.is_dir():
+                raise FileNotFoundError(f"checkpoint.resume={self.cfg.resume!r} is not a checkpoint directory")
+            problems = self.verify(path)
+            if problems:
+                raise CorruptCheckpoint(_corrupt_message(path, problems) + "; not resuming from it")
             return path
-        found = list_checkpoints(self.dir)
-        return found[-1] if found else None
+        candidates = broadcast_object(_candidates(self.dir)[::-1] if self.env.is_main else None)
+        rejected = []
+        for path in candidates:
+            problems = self.verify(path)
+            if not problems:
+                self._set_aside_corrupt(rejected)
+                return path
+            message = _corrupt_message(path, problems)
+            if self.cfg.on_corrupt == "stop":
+                raise CorruptCheckpoint(message + " (checkpoint.on_corrupt=stop; with =fallback the run would "
+                                        "resume from the newest intact checkpoint)")
+            if self.env.is_main:
+                _warn(message + "; trying the previous one")
+            rejected.append((path, message))
+        earlier = broadcast_object(sorted(p.name for p in self.dir.glob(f"{CORRUPT_PREFIX}*"))
+                                   if self.env.is_main and self.dir.is_dir() else [])
+        if rejected or earlier:
+            listed = "; ".join(message for _, message in rejected) or f"set aside before: {earlier}"
+            raise CorruptCheckpoint(
+                f"no intact checkpoint in {self.dir} to resume from ({listed}). Nothing was loaded; to start "
+                "afresh on purpose set checkpoint.resume=none (or another checkpoint.dir)"
+            )
+        return None
+
+    def _set_aside_corrupt(self, rejected: list) -> None:
+        if self.env.is_main:
+            for path, message in rejected:
+                moved = _set_aside(path, CORRUPT_PREFIX)
+                _warn(f"moved {path} to {moved}")
+                self.set_aside.append((str(moved), message))
+        barrier()
+
+    def _set_aside_newer(self, step: int) -> None:
+        """Checkpoints of this directory beyond the resumed step belong to an abandoned history
+        (a resume from an older checkpoint): move them aside so that resume=auto never returns to them."""
+        if self.env.is_main:
+            for path in _candidates(self.dir):
+                if _step_of(path) > step:
+                    moved = _set_aside(path, SUPERSEDED_PREFIX)
+                    message = f"newer than the resumed step {step}: moved to {moved}"
+                    _warn(f"{path} is {message}")
+                    self.set_aside.append((str(moved), message))
+        barrier()
 
     # ----------------------------------------------------------------------------- saving
     def save(self, step: int, model, optimizer, trainer_state: dict) -> Path:
-        """Save synchronously (or start an async save); returns the final directory name."""
+        """Save synchronously (or start an async save); returns the final directory name.
+
+        Raises CheckpointSaveError on every rank when any rank fails, after removing the partial directory.
+        """
         self.wait()  # finish a pending async save first: checkpoints become visible in order
         final = self.dir / checkpoint_name(step)
         tmp = self.dir / f"{_TMP_PREFIX}{step:08d}"
+        error = None
         if self.env.is_main:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            for stale in self.dir.glob(f"{_TMP_PREFIX}*"):
-                shutil.rmtree(stale, ignore_errors=True)  # left by a run killed mid-save
-            tmp.mkdir()
-        barrier()
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                for stale in self.dir.glob(f"{_TMP_PREFIX}*"):
+                    shutil.rmtree(stale, ignore_errors=True)  # left by a run killed mid-save
+                tmp.mkdir()
+            except OSError as failure:
+                error = explain_write_failure(failure, tmp)
+        self._agree(error, tmp, final)
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
-        torch.save(_rng_state(), tmp / f"rng_rank{self.env.rank}.pt")
+        rng_file = tmp / f"rng_rank{self.env.rank}.json"
+        error = None
+        try:
+            _write_json(rng_file, _rng_state())
+        except Exception as failure:  # noqa: BLE001 - reported, with the path, by every rank below
+            error = f"rank {self.env.rank}: {explain_write_failure(failure, rng_file)}"
+        self._agree(error, tmp, final)
         trainer_state = dict(trainer_state, world_size=self.env.world_size)
+        if self.model_config is not None:
+            trainer_state.update(model_config=dataclasses.asdict(self.model_config),
+                                 precision_backend=self.precision_backend,
+                                 parameters=compat.parameter_layout(model))
         if self.cfg.async_save and self.env.distributed:
             future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
             self._pending = (future, tmp, final, trainer_state)
             return final
-        dcp.save(state, checkpoint_id=str(tmp))
+        try:
+            dcp.save(state, checkpoint_id=str(tmp))  # a failure on any rank raises on every rank
+        except (Exception, CheckpointException) as failure:  # noqa: BLE001 - CheckpointException is a BaseException
+            self._agree(self._explain_own_failure(failure, tmp), tmp, final)
+            self._fail(tmp, final, [f"{type(failure).__name__}: {failure}"], failure)  # if no rank said why
         self._finalize(tmp, final, trainer_state)
         return final
+
+    def _explain_own_failure(self, failure: BaseException, tmp: Path) -> Optional[str]:
+        """'rank r: why' if this rank's own write failed (DCP raises every rank's failures on every rank)."""
+        if isinstance(failure, CheckpointException):
+            if self.env.rank not in failure.failures:
+                return None
+            own = failure.failures[self.env.rank]
+            failure = own[0] if isinstance(own, tuple) else own
+        return f"rank {self.env.rank}: {explain_write_failure(failure, tmp)}"
 
     def poll(self) -> None:
         """Make a finished async save visible; call every step (collective while a save is pending)."""
@@ -131,63 +315,207 @@ class Checkpointer:
             return
         future, tmp, final, trainer_state = self._pending
         self._pending = None
-        future.result()
+        error = None
+        try:
+            future.result()
+        except (Exception, CheckpointException) as failure:  # noqa: BLE001
+            error = self._explain_own_failure(failure, tmp)
+        self._agree(error, tmp, final)
         self._finalize(tmp, final, trainer_state)
 
     def _finalize(self, tmp: Path, final: Path, trainer_state: dict) -> None:
         barrier()  # every rank's shards are on disk
         faults.maybe_kill(faults.KILL_DURING_SAVE, trainer_state["step"])
+        error = None
         if self.env.is_main:
-            with open(tmp / "trainer_state.json", "w") as handle:
-                json.dump(trainer_state, handle, indent=1)
-                handle.flush()
-                os.fsync(handle.fileno())
-            if final.exists():  # a checkpoint of the same step from an earlier attempt
-                shutil.rmtree(final)
-            os.rename(tmp, final)
+            try:
+                _write_json(tmp / STATE_FILE, trainer_state)
+            except Exception as failure:  # noqa: BLE001
+                error = explain_write_failure(failure, tmp / STATE_FILE)
+        self._agree(error, tmp, final)
+        # Every rank hashes its share of the files (rank 0's listing: one view of a shared directory).
+        names = broadcast_object(sorted(p.name for p in tmp.iterdir()) if self.env.is_main else None)
+        described, error = {}, None
+        try:
+            described = integrity.describe_files(tmp, names[self.env.rank::self.env.world_size])
+        except OSError as failure:
+            error = f"rank {self.env.rank}: cannot read back what was written: {explain_write_failure(failure, tmp)}"
+        self._agree(error, tmp, final)
+        files = {}
+        for part in all_gather_object(described):
+            files.update(part)
+        error = None
+        if self.env.is_main:
+            try:
+                integrity.write_manifest(tmp, files)
+                _fsync_directory(tmp)
+                if final.exists():  # a checkpoint of the same step from an earlier attempt
+                    shutil.rmtree(final)
+                os.rename(tmp, final)
+                _fsync_directory(self.dir)
+            except Exception as failure:  # noqa: BLE001
+                error = explain_write_failure(failure, tmp)
+        self._agree(error, tmp, final)
+        if self.env.is_main:
             self._prune()
         barrier()
 
+    def _agree(self, error: Optional[str], tmp: Path, final: Path) -> None:
+        """Collective: if any rank reports an error, every rank raises CheckpointSaveError (rank 0 cleans up)."""
+        errors = [found for found in all_gather_object(error) if found]
+        if errors:
+            self._fail(tmp, final, errors, None)
+
+    def _fail(self, tmp: Path, final: Path, errors: List[str], cause: Optional[BaseException]) -> None:
+        removed = ""
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed = (f"; no partial directory is left behind (removed {tmp})" if not tmp.exists()
+                       else f"; the partial directory {tmp} could not be removed: delete it by hand")
+        barrier()
+        intact = [p.name for p in list_checkpoints(self.dir)]
+        raise CheckpointSaveError(
+            f"saving checkpoint {final} failed: {'; '.join(errors)}{removed}. "
+            f"Earlier checkpoints are untouched: {intact or 'none'}"
+        ) from cause
+
     def _prune(self) -> None:
+        """Delete old checkpoints of this model beyond the newest `keep`, sparing the newest healthy one."""
         if self.cfg.keep <= 0:
             return
-        for old in list_checkpoints(self.dir)[: -self.cfg.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        ours, protected = [], None
+        for path in list_checkpoints(self.dir):
+            try:
+                state = read_trainer_state(path)
+            except CorruptCheckpoint:
+                continue  # not ours to judge: resume reports it, pruning leaves it
+            if self.model_config is not None and not compat.same_model(state, self.model_config):
+                continue  # another model's checkpoint (allow_model_change): never pruned here
+            ours.append(path)
+            if state.get("guard", {}).get("skipped_in_a_row", 0) == 0:
+                protected = path  # the newest saved before any run of non-finite steps
+        for old in ours[: -self.cfg.keep]:
+            if old != protected:
+                shutil.rmtree(old, ignore_errors=True)
 
     # ----------------------------------------------------------------------------- loading
     def load(self, path: Path, model, optimizer) -> dict:
-        """Load model + optimizer (resharding as needed) and RNG; returns trainer_state."""
-        model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        trainer_state = json.loads((path / "trainer_state.json").read_text())
-        rng_file = path / f"rng_rank{self.env.rank}.pt"
+        """Check the model, then load model + optimizer (resharding as needed) and RNG; returns trainer_state.
+
+        `path` must have passed `verify` (select_resume does that). With a model that differs from the
+        checkpoint's, raises IncompatibleCheckpoint before reading any tensor, unless
+        checkpoint.allow_model_change: then the parameters whose name and shape match are loaded, the
+        others keep their init, the optimizer starts fresh, and trainer_state["model_changes"] lists why.
+        """
+        path = Path(path)
+        trainer_state = read_trainer_state(path)
+        changes = []
+        if self.model_config is not None:
+            changes = compat.incompatibilities(trainer_state, self.model_config, self.precision_backend,
+                                               compat.parameter_layout(model))
+        if changes and not self.cfg.allow_model_change:
+            raise IncompatibleCheckpoint(
+                f"checkpoint {path} holds another model than this run's: {'; '.join(changes)}. Nothing was "
+                "loaded or pruned. Resume with the checkpoint's settings, or load what matches into this model "
+                "on purpose with checkpoint.allow_model_change=true (docs/reliability.md)"
+            )
+        try:
+            if changes:
+                trainer_state["model_changes"] = changes
+                trainer_state["model_load"] = self._load_matching_parameters(path, model)
+            else:
+                model_state, optim_state = get_state_dict(model, optimizer)
+                state = {"model": model_state, "optim": optim_state}
+                dcp.load(state, checkpoint_id=str(path))
+                set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        except (Exception, CheckpointException) as error:  # noqa: BLE001 - verified files DCP still cannot read
+            raise CorruptCheckpoint(f"cannot load {path} with DCP: {type(error).__name__}: {error}") from error
+        rng_file = path / f"rng_rank{self.env.rank}.json"
         if trainer_state.get("world_size") == self.env.world_size and rng_file.exists():
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+            _set_rng_state(_read_rng_state(rng_file))
         else:
             seed = (trainer_state.get("seed", 0) * 1_000_003 + trainer_state["step"]) * 1009 + self.env.rank
             _seed_all(seed % (2**63))
+        self._set_aside_newer(trainer_state["step"])
         return trainer_state
 
+    def _load_matching_parameters(self, path: Path, model) -> dict:
+        """allow_model_change: load the parameters stored with the same name and shape; report the rest."""
+        stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata  # verified before
+        current = get_model_state_dict(model)
+        loadable, fresh = {}, []
+        for name, value in current.items():
+            entry = stored.get(f"model.{name}")
+            if entry is not None and tuple(getattr(entry, "size", ())) == tuple(value.shape):
+                loadable[name] = value
+            else:
+                fresh.append(name)
+        dcp.load({"model": loadable}, checkpoint_id=str(path))
+        set_model_state_dict(model, loadable, options=StateDictOptions(strict=False))
+        dropped = sorted(key[len("model."):] for key in stored if key.startswith("model.")
+                         and key[len("model."):] not in current)
+        return {"loaded": len(loadable), "initialized": fresh, "dropped": dropped}
 
-def agree_on_path(path: Optional[Path]) -> Optional[Path]:
-    """All ranks resume from rank 0's choice (their directory listings could race)."""
-    return broadcast_object(path)
+
+def _corrupt_message(path: Path, problems: List[str]) -> str:
+    return f"checkpoint {path} is corrupt or incomplete: {'; '.join(problems[:4])}" + (
+        f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
+
+
+def _write_json(path: Path, value: dict) -> None:
+    with open(path, "w") as handle:
+        json.dump(value, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Persist a rename or a new entry in `directory` (POSIX: fsync the directory itself)."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _bytes_text(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
+
+
+def _text_bytes(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG state as JSON-ready values (no pickle anywhere)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(internal), gauss],
+             "numpy": [kind, keys.tolist(), int(position), int(has_gauss), float(cached)],
+             "torch": _bytes_text(torch.get_rng_state())}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
+        state["cuda"] = _bytes_text(torch.cuda.get_rng_state())
     return state
+
+
+def _read_rng_state(path: Path) -> dict:
+    try:
+        state = json.loads(path.read_text())
+        version, internal, gauss = state["python"]
+        kind, keys, position, has_gauss, cached = state["numpy"]
+        return {"python": (version, tuple(internal), gauss),
+                "numpy": (kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached),
+                "torch": _text_bytes(state["torch"]),
+                "cuda": _text_bytes(state["cuda"]) if "cuda" in state else None}
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
+        raise CorruptCheckpoint(f"cannot read the RNG states in {path}: {type(error).__name__}: {error}") from error
 
 
 def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
 

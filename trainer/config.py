@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from data.config import DataConfig
 from models.config import ModelConfig
@@ -72,6 +72,9 @@ class ParallelConfig:
     """torch.compile each block (eager fallbacks where a kernel does not trace)."""
     device: str = "auto"
     """'auto' (cuda when available, else cpu), 'cuda' or 'cpu'."""
+    collective_timeout_s: float = 600.0
+    """Seconds a collective may wait for its peers (the process-group timeout), and how long a rank's
+    heartbeat may stay silent before the other ranks stop with a message naming it (trainer/heartbeat.py)."""
 
 
 @dataclass
@@ -118,6 +121,16 @@ class CheckpointConfig:
     """Keep the newest K complete checkpoints; older ones are deleted after a save succeeds."""
     resume: str = "auto"
     """'auto' (latest complete checkpoint in dir, if any), 'none', or a checkpoint path."""
+    verify: bool = True
+    """Check every file of the checkpoint against the sha256 recorded when it was saved before loading it;
+    false skips the hashing (sizes are still checked) and accepts checkpoints saved without integrity.json:
+    a knowing choice (docs/reliability.md)."""
+    on_corrupt: str = "fallback"
+    """A corrupt or incomplete newest checkpoint (resume=auto): 'fallback' sets it aside as corrupt_step_N and
+    resumes from the newest intact one; 'stop' stops the run naming it. An explicit resume path always stops."""
+    allow_model_change: bool = False
+    """Resume into a model whose config differs from the checkpoint's: parameters with the same name and
+    shape are loaded, the others keep their fresh init, the optimizer starts anew. Off: a mismatch stops."""
     async_save: bool = False
     """Write checkpoints in the background (DCP async_save) while training continues."""
     save_at_end: bool = True
@@ -153,6 +166,9 @@ class LoopConfig:
     """Halt (after checkpointing) when this many steps in a row had a non-finite loss or grad norm."""
     spike_factor: float = 3.0
     """Log a loss spike when the loss exceeds this many times its running mean."""
+    skip_batches: List[int] = field(default_factory=list)
+    """Global batch indices to pass over without training (consumed, not learned from), e.g. the batches of
+    a NaN blow-up as its skipped_step events name them; recorded in the checkpoint's trainer state."""
 
 
 @dataclass

@@ -3,7 +3,9 @@
 Launch modes, all read from the environment torchrun (or srun + torchrun) sets:
   single process   no RANK/WORLD_SIZE: world size 1, no process group
   torchrun         RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (c10d rendezvous)
-Backend: NCCL on CUDA, gloo on CPU.
+Backend: NCCL on CUDA, gloo on CPU. Joining the group and every collective after it are bounded
+by parallel.collective_timeout_s; a heartbeat thread names a stalled or dead rank within the same
+time (trainer/heartbeat.py).
 
 `parallelize` applies, in this order (torchtitan's order; each step needs the one before):
   1. precision conversion (nn.Linear -> QuantLinear by name; done by the caller, see loop.py)
@@ -25,8 +27,12 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ParallelConfig
+from trainer.heartbeat import Heartbeat
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+_timeout_s = 1800.0  # the process group's timeout (torch's default until init_distributed sets ours)
+_heartbeat = None  # this process's Heartbeat while it is in a process group of several ranks
 
 
 @dataclass
@@ -79,11 +85,21 @@ def init_distributed(cfg: ParallelConfig) -> DistEnv:
     env = DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
     if world_size == 1 and "RANK" not in os.environ:
         return env  # a plain `python -m trainer`: no process group (torchrun at 1 rank gets one)
+    global _timeout_s, _heartbeat
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
+        _timeout_s = cfg.collective_timeout_s
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=cfg.collective_timeout_s))
+        _heartbeat = Heartbeat.from_environment(rank, world_size, cfg.collective_timeout_s)
+        if _heartbeat is not None:
+            _heartbeat.start()
     env.mesh = build_mesh(cfg, world_size, device.type)
     return env
+
+
+def process_group_timeout_s() -> float:
+    """parallel.collective_timeout_s of the process group this process joined (for groups made later)."""
+    return _timeout_s
 
 
 def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str):
@@ -207,11 +223,24 @@ def broadcast_object(value, src: int = 0):
     return box[0]
 
 
+def all_gather_object(value) -> list:
+    """Every rank's value, in rank order ([value] at world size 1)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [value]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
 
 
 def shutdown() -> None:
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        _heartbeat = None
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -23,16 +23,18 @@ import torch
 import torch.nn.functional as F
 
 from trainer import faults
-from trainer.checkpoint import Checkpointer, agree_on_path
+from trainer.checkpoint import Checkpointer
 from trainer.config import TrainConfig
 from trainer.distributed import DistEnv, all_reduce_mean, broadcast_object, init_distributed, parallelize, shutdown
 from trainer.guards import OOM_ADVICE, NonFiniteHalt, PreemptionFlag, StepGuard
+from trainer.heartbeat import raise_if_collective_timeout
 from trainer.hardware import bf16_peak_flops
 from trainer.hf_init import adopt_hf_architecture, load_hf_weights
 from trainer.metrics import MetricsLogger, Throughput, mfu
 from trainer.optim import build_optimizer, lr_at, set_lr
 from trainer.quant_report import QuantDiagnostics
 from trainer.run_info import write_run_description
+from trainer.validate import validate_train_config
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Callback:
 
 def train(cfg: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict:
     """Run training as configured. Returns a summary (final step, losses, run dir, ...)."""
+    validate_train_config(cfg)  # every field in range before any process group, data or model
     env = init_distributed(cfg.parallel)
     try:
         return _train(cfg, env, list(callbacks))
@@ -123,14 +126,16 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
 
     # ---- resume
     state, guard = TrainState(), StepGuard(cfg.train.max_consecutive_skips, cfg.train.spike_factor)
-    checkpointer = Checkpointer(cfg.checkpoint, run_dir, env)
-    resume_from = agree_on_path(checkpointer.resume_path() if env.is_main else None)
+    checkpointer = Checkpointer(cfg.checkpoint, run_dir, env, model_config=cfg.model, precision_backend=plan.backend)
+    resume_from = checkpointer.select_resume()  # verified (checksums) before anything of it is read
+    skipped_batches: List[int] = []  # global batch indices passed over by train.skip_batches, over the run
     if resume_from is not None:
-        saved = checkpointer.load(Path(resume_from), model, optimizer)
+        saved = checkpointer.load(resume_from, model, optimizer)  # compares the model first
         state.step, state.tokens = saved["step"], saved["tokens"]
         loader.load_state_dict(saved["data"])
         guard.load_state_dict(saved["guard"])
         plan.load_state_dict(saved.get("precision", {}))
+        skipped_batches = list(saved.get("skipped_batches", []))
     elif cfg.checkpoint.init_from_hf:  # weights only: optimizer, schedule and data start fresh
         load_hf_weights(model, cfg.checkpoint.init_from_hf, env)
 
@@ -143,8 +148,13 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
     if env.is_main:
         logger.log_config_extra({"precision_plan": plan.summary(), "parallel_applied": applied,
                                  "gradient_accumulation": accumulation, "tokens_per_step": tokens_per_step})
+        for moved, reason in checkpointer.set_aside:
+            logger.event(state.step, "checkpoint_set_aside", path=moved, reason=reason)
         if resume_from is not None:
             logger.event(state.step, "resumed", path=str(resume_from), tokens=state.tokens)
+            if "model_changes" in saved:  # checkpoint.allow_model_change
+                logger.event(state.step, "model_changed_on_resume", changes=saved["model_changes"],
+                             **saved["model_load"])
         elif cfg.checkpoint.init_from_hf:
             logger.event(state.step, "init_from_hf", path=str(cfg.checkpoint.init_from_hf))
 
@@ -160,12 +170,23 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
 
     def trainer_state() -> dict:
         return {"step": state.step, "tokens": state.tokens, "seed": cfg.seed, "data": loader.state_dict(),
-                "guard": guard.state_dict(), "precision": plan.state_dict(),
+                "guard": guard.state_dict(), "precision": plan.state_dict(), "skipped_batches": list(skipped_batches),
                 "model_config": dataclasses.asdict(cfg.model),  # lets scripts/export_hf.py rebuild the model
                 "tokenizer": tokenizer.record}  # and export the tokenizer it was trained with (path, sha256)
 
+    skip_batches = set(cfg.train.skip_batches)
+    streak_batches: List[int] = []  # global batch indices of the current run of non-finite steps
+    phase = "the first step"  # what the collectives in flight belong to, for a timeout's message
     try:
         while state.step < cfg.train.steps:
+            batch_index = loader.global_samples // global_batch  # global batches consumed so far
+            while batch_index in skip_batches:  # consumed, not learned from (docs/reliability.md)
+                for _ in range(accumulation):
+                    next(loader)
+                skipped_batches.append(batch_index)
+                logger.event(state.step, "skipped_batch", batch=batch_index, reason="train.skip_batches")
+                batch_index = loader.global_samples // global_batch
+            phase = f"step {state.step} (FSDP all-gather / reduce-scatter, loss all-reduce)"
             switched = plan.maybe_switch(state.step, state.tokens)
             if switched:
                 logger.event(state.step, "precision_switch", tokens=state.tokens, **switched)
@@ -182,11 +203,12 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
                 raise RuntimeError(f"step {state.step}: {OOM_ADVICE}") from error
 
             applied_update = guard.accept(loss, grad_norm)
+            streak_batches = [] if applied_update else streak_batches + [batch_index]
             if applied_update:
                 optimizer.step()
             else:
                 logger.event(state.step, "skipped_step", loss=loss, grad_norm=grad_norm,
-                             in_a_row=guard.skipped_in_a_row)
+                             in_a_row=guard.skipped_in_a_row, batch=batch_index)
             optimizer.zero_grad(set_to_none=True)
             if guard.is_spike(loss):
                 logger.event(state.step, "loss_spike", loss=loss)
@@ -216,6 +238,7 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
                 if env.device.type == "cuda":
                     metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated(env.device) / 2**30
                 interval_losses = []
+            phase = f"validation or logging after step {state.step}"
             if validation and (state.step % cfg.train.eval_every == 0 or is_last):
                 metrics = dict(metrics or {"tokens": state.tokens, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                                            "tokens_per_s": None})
@@ -226,12 +249,15 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
             for callback in callbacks:
                 callback.on_step_end(ctx, metrics or {})
 
+            phase = f"checkpoint or preemption check after step {state.step}"
             if guard.must_halt():
                 checkpointer.save(state.step, model, optimizer, trainer_state())
                 raise NonFiniteHalt(
                     f"{guard.skipped_in_a_row} consecutive steps had a non-finite loss or grad norm "
                     f"(limit train.max_consecutive_skips={cfg.train.max_consecutive_skips}); "
-                    f"checkpoint saved at step {state.step}"
+                    f"checkpoint saved at step {state.step}. The newest checkpoint saved before these steps is "
+                    f"never pruned: resume from it with a lower optim.lr, or pass over the batches of this run "
+                    f"with train.skip_batches={streak_batches} (docs/reliability.md)"
                 )
             checkpointer.poll()
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0 and not is_last:
@@ -246,6 +272,7 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
                 status = "preempted"
                 break
 
+        phase = f"the final checkpoint at step {state.step}"
         if cfg.checkpoint.save_at_end and status == "completed" and last_saved_step != state.step:
             checkpointer.save(state.step, model, optimizer, trainer_state())
             logger.event(state.step, "checkpoint", tokens=state.tokens)
@@ -256,6 +283,9 @@ def _train(cfg: TrainConfig, env: DistEnv, callbacks: List[Callback]) -> dict:
             exported = export_at_end(model, cfg, tokenizer, env, Path(cfg.checkpoint.export_hf_dir or run_dir / "hf"))
             if exported is not None:
                 logger.event(state.step, "export_hf", path=str(exported))
+    except RuntimeError as error:
+        raise_if_collective_timeout(error, phase, env.rank, cfg.parallel.collective_timeout_s)
+        raise
     finally:
         preemption.restore()
         logger.close()

@@ -12,6 +12,18 @@ nvfp4 (Transformer Engine ``core_nvfp4.cuh``; E2M1 elements, E4M3 block scales, 
     q       = e2m1(x * r_b)                                RNE or stochastic, saturating at 6
     x_hat   = q * fp32(s_b) * (1 / S_enc)
   tiles (1, 16) (default) or (16, 16) (one scale per 16x16 tile, "2D").
+  x_hat is *our* dequantization (``dequantize``), the order the emulated GEMM uses: q * s_b, then
+  the per-tensor decode scale (TE's cuBLAS GEMM instead scales its output by alpha = amax_a * amax_b
+  * fp32(1 / (36 * 448^2)), recipe/nvfp4.cu). Two places where TE's quantize/dequantize code differs
+  from this module (docs/numerics.md, "NVFP4 and TE: where the bits differ"):
+  - TE's standalone dequantize kernel (``dequantize_nvfp4.cuh``, ``dequantize_fp4_kernel``) reads the
+    stored amax, not 1/S_enc:  x_te = q * ((fp32(s_b) * amax) * fp32(1 / (6 * 448))), one rounding
+    per product. That factor differs from fp32(s_b) * (1/S_enc) in the last bit(s) for many blocks
+    (up to a few fp32 ulp). ``QuantizedTensor.dequantize_te_standalone`` computes TE's order.
+  - A scaled value x * r_b of -0.0 (an input of -0.0) gets E2M1 code 8 (-0) here, as ml_dtypes'
+    cast does; TE's pure-torch reference (``NVFP4QuantizerRef``, ``cast_to_fp4x2``) stores code 0
+    (+0). Negative values that round to zero get code 8 in both. Decoded, -0.0 == +0.0, so GEMM
+    sums are unchanged. The encoder is left as it is: the Triton kernels match it bit for bit.
 
 mxfp4 / mxfp8 (OCP Microscaling Formats v1.0, section 6.3; E2M1 / E4M3 elements, E8M0 scales)
     X       = 2 ** clamp(floor(log2(block_amax)) - emax_elem, -127, 127)     emax_elem = 2 (E2M1), 8 (E4M3)
@@ -61,9 +73,11 @@ NaN/Inf included):
   the same cast in both paths.
 
 Sources: TE ``transformer_engine/common/cast/nvfp4/core_nvfp4.cuh``,
+``transformer_engine/common/cast/nvfp4/dequantize_nvfp4.cuh`` (standalone dequantize),
 ``transformer_engine/common/recipe/recipe_common.cuh``, ``transformer_engine/common/recipe/
-current_scaling.cu``, ``transformer_engine/pytorch/custom_recipes/quantization_nvfp4.py`` (reference
-quantizer), OCP MX v1.0 spec. The tests check every format element by element against ml_dtypes.
+current_scaling.cu``, ``transformer_engine/pytorch/custom_recipes/quantization_nvfp4.py`` and
+``reference_nvfp4.py`` (reference quantizer, ``cast_to_fp4x2``), OCP MX v1.0 spec. The tests check
+every format element by element against ml_dtypes.
 """
 
 from __future__ import annotations
@@ -187,6 +201,10 @@ class QuantizedTensor:
     """Dtype of the tensor that was quantized (dequantize()'s default)."""
     power_of_two_scales: bool = False
     """fp8_block only: whether the block scales were rounded down to powers of two."""
+    amax: Optional[torch.Tensor] = None
+    """nvfp4 only: the 0-dim fp32 tensor amax that S_enc came from. TE stores it with the tensor,
+    and its standalone dequantize kernel reads it (``dequantize_te_standalone``); 1/S_enc alone
+    does not determine it."""
 
     @property
     def rows(self) -> int:
@@ -237,6 +255,27 @@ class QuantizedTensor:
         values = self._blocked(self.element_values()) * self.block_scales_fp32()
         if self.tensor_scale is not None:
             values = values * self.tensor_scale
+        return values.reshape(self.shape).to(dtype or self.dtype)
+
+    def dequantize_te_standalone(self, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """nvfp4: x = q * ((fp32(s_b) * amax) * fp32(1 / 2688)) in fp32, then cast to ``dtype``.
+
+        The arithmetic of TE's standalone NVFP4 dequantize kernel (transformer_engine/common/cast/
+        nvfp4/dequantize_nvfp4.cuh, ``dequantize_fp4_kernel``: ``final_scale = scale * amax *
+        factor_inv`` with ``factor_inv = 1.0 / (6.0 * 448.0)`` as an fp32 constant, evaluated left to
+        right, then ``q * final_scale`` and a cast to the output type). It is *not* what a GEMM sees:
+        training multiplies q * s_b and applies the per-tensor scales to the GEMM's fp32 output (see
+        ``dequantize`` and models/quant/linear.py). Use it to compare with tensors that TE itself
+        dequantized. A non-finite amax gives NaN everywhere, as ``dequantize`` does (s_b is NaN).
+        """
+        if self.fmt != "nvfp4":
+            raise ValueError(f"dequantize_te_standalone() is TE's NVFP4 dequantize, not for {self.fmt}")
+        if self.amax is None:
+            raise ValueError("this nvfp4 QuantizedTensor carries no amax (build it with quantize())")
+        # The constant is rounded once to fp32, as the CUDA constexpr float is.
+        factor = _fp32(1.0 / (E2M1_MAX * E4M3_MAX), self.codes.device)
+        block_factor = (self.block_scales_fp32() * self.amax) * factor  # two fp32 roundings, TE's order
+        values = self._blocked(self.element_values()) * block_factor
         return values.reshape(self.shape).to(dtype or self.dtype)
 
     def packed_codes(self) -> torch.Tensor:
@@ -396,19 +435,22 @@ def nvfp4_global_scales(amax: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]
     return encode, decode
 
 
-def _nvfp4_scales(magnitude: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From |x| blocked (fp32): s_b (float8_e4m3fn), r_b (fp32), both [R/tr, 1, C/tc, 1], and S_dec (0-dim).
+def _nvfp4_scales(
+    magnitude: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From |x| blocked (fp32): s_b (float8_e4m3fn), r_b (fp32), both [R/tr, 1, C/tc, 1]; S_dec, amax (0-dim).
 
     The tensor amax is the max of the block amaxes (max is exact, NaN propagates).
     """
     device = magnitude.device
     block_amax = _block_max(magnitude)
-    encode, decode = nvfp4_global_scales(block_amax.amax())
+    amax = block_amax.amax()
+    encode, decode = nvfp4_global_scales(amax)
     block_scale = (block_amax * (encode * _fp32(1.0 / E2M1_MAX, device))).clamp(max=E4M3_MAX)
     block_scale = block_scale.to(torch.float8_e4m3fn)
     reciprocal = _fp32(1.0, device) / (block_scale.float() * decode)
     reciprocal = torch.minimum(reciprocal, _fp32(FLT_MAX, device))
-    return block_scale, reciprocal, decode
+    return block_scale, reciprocal, decode, amax
 
 
 def _mx_scales(block_amax: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -448,17 +490,17 @@ def _fp8_scale_from_amax(amax, *, power_of_two: bool, value_for_inf: float):
 
 def _quantize_nvfp4(x2d, tile, rounding, uniform):
     blocked = _blocked_view(x2d.float(), tile)
-    block_scale, reciprocal, decode = _nvfp4_scales(blocked.abs())
+    block_scale, reciprocal, decode, amax = _nvfp4_scales(blocked.abs())
     scaled = blocked * reciprocal
     codes = _round_e2m1(scaled, rounding, None if uniform is None else _blocked_view(uniform, tile))
-    return codes, block_scale[:, 0, :, 0], decode
+    return codes, block_scale[:, 0, :, 0], decode, amax
 
 
 def _nvfp4_values(x2d, tile, rounding, uniform):
     """(q * s_b fp32 blocked, S_dec) without codes."""
     blocked = _blocked_view(x2d.float(), tile)
     magnitude = blocked.abs()
-    block_scale, reciprocal, decode = _nvfp4_scales(magnitude)
+    block_scale, reciprocal, decode, _ = _nvfp4_scales(magnitude)
     magnitude.mul_(reciprocal)  # |x| * r_b = |x * r_b|
     uniform = None if uniform is None else _blocked_view(uniform, tile)
     return _e2m1_scaled_values(blocked, magnitude, block_scale.float(), rounding, uniform), decode
@@ -553,8 +595,9 @@ def quantize(
     uniform = _uniforms(x2d, rounding, generator)
 
     tensor_scale = None
+    amax = None
     if fmt == "nvfp4":
-        codes, block_scales, tensor_scale = _quantize_nvfp4(x2d, tile, rounding, uniform)
+        codes, block_scales, tensor_scale, amax = _quantize_nvfp4(x2d, tile, rounding, uniform)
     elif fmt in ("mxfp4", "mxfp8"):
         codes, block_scales = _quantize_mx(x2d, fmt, tile, rounding, uniform)
     elif fmt == "fp8_block":
@@ -575,6 +618,7 @@ def quantize(
         shape=x.shape,
         dtype=x.dtype,
         power_of_two_scales=(fmt == "fp8_block" and power_of_two_scales),
+        amax=amax,
     )
 
 

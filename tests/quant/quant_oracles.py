@@ -70,7 +70,7 @@ def nvfp4(x: np.ndarray, tile=(1, 16), uniform=None):
         block_amax = np.max(np.abs(blocked), axis=(1, 3), keepdims=True).astype(F32)
         scale = e4m3_rne((block_amax * F32(encode * F32(1.0 / 6.0))).astype(F32))
         reciprocal = np.minimum(F32(1.0) / (scale * decode), FLT_MAX).astype(F32)
-        scaled_input = (blocked * reciprocal).astype(F32)
+        scaled_input = (blocked * reciprocal).astype(F32)  # v = x * r_b, what E2M1 rounds
     if uniform is None:
         q = e2m1_rne(scaled_input)
         codes = e2m1_codes(scaled_input).reshape(x.shape)
@@ -86,7 +86,42 @@ def nvfp4(x: np.ndarray, tile=(1, 16), uniform=None):
         "codes": codes,
         "s_b": scale[:, 0, :, 0],
         "decode": decode,
+        "amax": amax,
+        "v": scaled_input.reshape(x.shape),
     }
+
+
+# The fp32 constant of TE's dequantize kernel: 1 / (6 * 448) computed in double, rounded once.
+TE_DEQUANTIZE_FACTOR = F32(1.0 / 2688.0)
+
+
+def nvfp4_te_standalone_dequantize(x: np.ndarray, tile=(1, 16)) -> np.ndarray:
+    """TE's standalone NVFP4 dequantize (dequantize_nvfp4.cuh, dequantize_fp4_kernel), in fp32.
+
+    From the quantized q and E4M3 s_b of ``nvfp4`` above and the tensor amax: per block
+    final = fp32(fp32(s_b * amax) * fp32(1/2688)), then x = fp32(q * final).
+    """
+    out = nvfp4(x, tile)
+    with np.errstate(invalid="ignore", over="ignore"):
+        final = ((out["s_b"] * out["amax"]).astype(F32) * TE_DEQUANTIZE_FACTOR).astype(F32)
+        values = blocks(out["q"], tile) * final[:, None, :, None]
+    return values.astype(F32).reshape(x.shape)
+
+
+def te_reference_e2m1_codes(v: np.ndarray) -> np.ndarray:
+    """E2M1 codes as TE's pure-torch NVFP4QuantizerRef stores them (reference_nvfp4.py, cast_to_fp4x2).
+
+    Its rule: RNE onto the grid after saturating (the same codes as ml_dtypes' cast), except that a
+    zero of either sign is stored as code 0: the positive range there is 0 <= v <= 0.25, which
+    -0.0 satisfies, and code 8 (-0) needs -0.25 <= v < 0. NaN also gets code 0.
+    """
+    codes = e2m1_codes(v)
+    return np.where((v == 0) | np.isnan(v), np.uint8(0), codes).astype(np.uint8)
+
+
+def decode_e2m1_codes(codes: np.ndarray) -> np.ndarray:
+    """E2M1 codes (one per uint8, low nibble) to fp32 through ml_dtypes: code 8 decodes to -0.0."""
+    return codes.astype(np.uint8).view(E2M1).astype(F32)
 
 
 MX_EMAX = {"mxfp4": 2, "mxfp8": 8}

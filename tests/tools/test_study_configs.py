@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from models import build_model
 from models.quant.recipe import GEMMS, linear_spec, plan_layers
 from trainer.config import TrainConfig, register_configs
+from trainer.validate import validate_train_config
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 STUDY = yaml.safe_load((REPOSITORY / "results" / "study" / "runs.yaml").read_text())
@@ -66,6 +67,11 @@ def without(config: TrainConfig, *paths: str) -> dict:
             node = node[parent]
         node.pop(leaf)
     return value
+
+
+def test_every_run_passes_the_start_up_validation(configs):
+    for cfg in configs.values():
+        validate_train_config(cfg)
 
 
 def test_every_run_shares_model_data_schedule_and_budget(configs):

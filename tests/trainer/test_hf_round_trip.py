@@ -170,5 +170,5 @@ def test_training_starts_from_a_transformers_checkpoint(tmp_path, data_cache):
 def test_init_from_hf_names_a_directory_without_config(tmp_path, data_cache):
     cfg = compose_train_config(tiny_overrides(data_cache, steps=1) + [f"checkpoint.init_from_hf={tmp_path}"],
                                tmp_path / "run")
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(ValueError, match="checkpoint.init_from_hf.*no config.json"):  # at start, before any work
         train(cfg)

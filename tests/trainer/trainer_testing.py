@@ -51,3 +51,30 @@ def read_jsonl(path: Path) -> list:
 def losses_by_step(run_dir: Path) -> dict:
     """step -> loss from metrics.jsonl (later lines win, as after a resume)."""
     return {line["step"]: line["loss"] for line in read_jsonl(Path(run_dir) / "metrics.jsonl")}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch_ranks(args: list, run_dir: Path, log_dir: Path, nproc: int = 2, preexec_fns: list = None) -> list:
+    """Start `python -m trainer` once per rank with only the environment a launcher (srun) would set: no
+    torchrun agent that would tear the others down, and per-rank process settings (preexec_fns[r]).
+    Returns [(Popen, log path)]; each rank's output goes to log_dir/rank{r}.log."""
+    port = free_port()
+    ranks = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        log_path = Path(log_dir) / f"rank{rank}.log"
+        with open(log_path, "w") as log:
+            process = subprocess.Popen([sys.executable, "-m", "trainer", *args, f"run_dir={run_dir}"], cwd=ROOT,
+                                       env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       preexec_fn=(preexec_fns or [None] * nproc)[rank])
+        ranks.append((process, log_path))
+    return ranks

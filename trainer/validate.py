@@ -1,0 +1,143 @@
+"""Check a whole `TrainConfig` at start, before any data is read or any model is built.
+
+Every rule raises a `ConfigError` (a ValueError) whose message begins with the dotted field
+name as it is written on the command line (`train.steps`, `optim.lr`), the value it got, and
+what it must be. The component checks that already exist (ModelConfig.validate, the data and
+precision validators) run from here too, so that every config mistake surfaces before the
+first expensive step; checks that need the world size (global batch divisibility) stay in the
+loop, which knows it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Iterable
+
+from trainer.config import TrainConfig
+
+
+class ConfigError(ValueError):
+    """A config value is out of range; the message names the field."""
+
+
+def _require(condition: bool, field: str, value, must: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field} must be {must}, got {value!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_ints(cfg_part, prefix: str, names: Iterable[str]) -> None:
+    for name in names:
+        value = getattr(cfg_part, name)
+        _require(_is_int(value) and value >= 1, f"{prefix}.{name}", value, "a positive integer")
+
+
+def _non_negative_ints(cfg_part, prefix: str, names: Iterable[str]) -> None:
+    for name in names:
+        value = getattr(cfg_part, name)
+        _require(_is_int(value) and value >= 0, f"{prefix}.{name}", value, "an integer >= 0 (0 disables)")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def validate_train_config(cfg: TrainConfig) -> None:
+    """Raise ConfigError naming the first bad field of `cfg`; return None when every field is in range."""
+    _validate_loop(cfg)
+    _validate_optim(cfg)
+    _validate_checkpoint(cfg)
+    _validate_logging(cfg)
+    _validate_parallel(cfg)
+    _validate_components(cfg)
+
+
+def _validate_loop(cfg: TrainConfig) -> None:
+    train = cfg.train
+    _positive_ints(train, "train", ("steps", "micro_batch_size", "global_batch_size", "max_consecutive_skips"))
+    _non_negative_ints(train, "train", ("eval_every",))
+    if train.eval_every > 0:
+        _positive_ints(train, "train", ("eval_batches",))
+    if train.global_batch_size % train.micro_batch_size:
+        raise ConfigError(
+            f"train.global_batch_size ({train.global_batch_size}) must be a multiple of "
+            f"train.micro_batch_size ({train.micro_batch_size})"
+        )
+    _require(_finite(train.spike_factor) and train.spike_factor > 1.0, "train.spike_factor", train.spike_factor,
+             "a finite number > 1 (a spike is a loss this many times its running mean)")
+    for index, batch in enumerate(train.skip_batches):
+        _require(_is_int(batch) and batch >= 0, f"train.skip_batches[{index}]", batch,
+                 "a global batch index >= 0 (as in the 'batch' field of skipped_step events)")
+
+
+def _validate_optim(cfg: TrainConfig) -> None:
+    optim = cfg.optim
+    _require(_finite(optim.lr) and optim.lr > 0, "optim.lr", optim.lr, "a finite number > 0")
+    _require(_finite(optim.min_lr) and 0 <= optim.min_lr <= optim.lr, "optim.min_lr", optim.min_lr,
+             f"a finite number in [0, optim.lr={optim.lr}]")
+    _require(_finite(optim.beta1) and 0 <= optim.beta1 < 1, "optim.beta1", optim.beta1, "in [0, 1)")
+    _require(_finite(optim.beta2) and 0 <= optim.beta2 < 1, "optim.beta2", optim.beta2, "in [0, 1)")
+    _require(_finite(optim.eps) and optim.eps > 0, "optim.eps", optim.eps, "a finite number > 0")
+    _require(_finite(optim.weight_decay) and optim.weight_decay >= 0, "optim.weight_decay", optim.weight_decay,
+             "a finite number >= 0")
+    _require(_finite(optim.grad_clip) and optim.grad_clip >= 0, "optim.grad_clip", optim.grad_clip,
+             "a finite number >= 0 (0 disables clipping)")
+    _non_negative_ints(optim, "optim", ("warmup_steps",))
+    _require(_finite(optim.decay_fraction) and 0 <= optim.decay_fraction <= 1, "optim.decay_fraction",
+             optim.decay_fraction, "in [0, 1]")
+    _require(optim.schedule in ("wsd", "cosine", "constant"), "optim.schedule", optim.schedule,
+             "one of 'wsd', 'cosine', 'constant'")
+    _require(optim.decay_shape in ("linear", "cosine", "1-sqrt"), "optim.decay_shape", optim.decay_shape,
+             "one of 'linear', 'cosine', '1-sqrt'")
+    _require(optim.name == "adamw", "optim.name", optim.name, "'adamw'")
+
+
+def _validate_checkpoint(cfg: TrainConfig) -> None:
+    checkpoint = cfg.checkpoint
+    _non_negative_ints(checkpoint, "checkpoint", ("every", "keep"))
+    _require(bool(checkpoint.resume), "checkpoint.resume", checkpoint.resume, "'auto', 'none' or a checkpoint path")
+    _require(checkpoint.on_corrupt in ("fallback", "stop"), "checkpoint.on_corrupt", checkpoint.on_corrupt,
+             "'fallback' or 'stop'")
+    _require(checkpoint.export_hf_dtype in ("bfloat16", "float16", "float32"), "checkpoint.export_hf_dtype",
+             checkpoint.export_hf_dtype, "one of 'bfloat16', 'float16', 'float32'")
+    if checkpoint.init_from_hf:
+        directory = Path(checkpoint.init_from_hf).expanduser()
+        _require((directory / "config.json").is_file(), "checkpoint.init_from_hf", checkpoint.init_from_hf,
+                 "a Hugging Face NemotronH directory (config.json + safetensors); it has no config.json")
+
+
+def _validate_logging(cfg: TrainConfig) -> None:
+    _positive_ints(cfg.logging, "logging", ("log_every",))
+    _non_negative_ints(cfg.logging, "logging", ("quant_diagnostics_every",))
+    _require(cfg.logging.wandb.mode in ("online", "offline", "disabled"), "logging.wandb.mode", cfg.logging.wandb.mode,
+             "one of 'online', 'offline', 'disabled'")
+
+
+def _validate_parallel(cfg: TrainConfig) -> None:
+    parallel = cfg.parallel
+    _require(_finite(parallel.collective_timeout_s) and parallel.collective_timeout_s > 0,
+             "parallel.collective_timeout_s", parallel.collective_timeout_s, "a finite number of seconds > 0")
+    _require(_is_int(parallel.dp_shard) and (parallel.dp_shard >= 1 or parallel.dp_shard == -1), "parallel.dp_shard",
+             parallel.dp_shard, "a positive integer or -1 (all ranks)")
+    _require(_is_int(parallel.dp_replicate) and (parallel.dp_replicate >= 1 or parallel.dp_replicate == -1),
+             "parallel.dp_replicate", parallel.dp_replicate, "a positive integer or -1")
+
+
+def _validate_components(cfg: TrainConfig) -> None:
+    """The component configs' own validators (their messages name their fields)."""
+    from data.config import validate_data_config
+    from models.quant.recipe import validate_config as validate_precision_config
+
+    try:
+        cfg.model.validate()
+    except ValueError as error:  # ModelConfig names fields as 'ModelConfig.x'; say 'model.x' as typed
+        raise ConfigError(str(error).replace("ModelConfig.", "model.")) from error
+    for validate in (lambda: validate_data_config(cfg.data), lambda: validate_precision_config(cfg.precision)):
+        try:
+            validate()
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
