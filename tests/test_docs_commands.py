@@ -316,6 +316,8 @@ def _handle(command: Command, workspace, monkeypatch, index: int) -> str:
         monkeypatch.setattr(module, "REPOSITORY", workspace["root"])
         monkeypatch.setattr(module, "DOC", copy)
         arguments = arguments + ["--images", str(workspace["root"] / "docs" / "images")]
+    if name == "bench_checkpoint_verify":  # 10 MB in the scratch folder instead of 3 GB in /tmp
+        arguments = arguments + ["--gb", "0.01", "--dir", str(workspace["root"])]
     if name == "bench_loader":
         arguments = arguments + ["--tokens", "2e5", "--shards", "2", "--seq-len", "256", "--seconds", "0.05"]
     _, status = _run_script(name, arguments, monkeypatch, parse_only=False)
