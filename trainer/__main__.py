@@ -16,6 +16,7 @@ from typing import List, Optional
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from trainer.config import CONFIG_DIR, TrainConfig, register_configs
 
@@ -65,7 +66,11 @@ register_configs()
 # directory holds (a `configs/` folder there is not ours). `--config-dir DIR` adds one's own.
 @hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="train")
 def main(dict_cfg: DictConfig) -> None:
-    cfg: TrainConfig = OmegaConf.to_object(dict_cfg)
+    try:
+        cfg: TrainConfig = OmegaConf.to_object(dict_cfg)
+    except OmegaConfBaseException as error:  # a required value not given, a value of the wrong type
+        print(f"Error in the config: {error}", file=sys.stderr)
+        sys.exit(2)
     runtime = HydraConfig.get().runtime
     if cfg.run_dir is None:
         cfg.run_dir = runtime.output_dir

@@ -197,6 +197,10 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 wheel alike (pyproject.toml installs configs/ next to trainer/)."""
 
 
+def _required_value(key: str):
+    raise ValueError(f"{key} must be set: the chosen config marks it required; give {key}=... on the command line")
+
+
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore and the `first_set` resolver of train.yaml
     (called by the entry point and `compose`; safe to call again)."""
@@ -205,6 +209,10 @@ def register_configs() -> None:
 
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("required"):
+        # ${required:data.tokenizer} in a group file: a value the user must give. A plain `???` there
+        # would be dropped silently (merging MISSING onto the schema's default keeps the default).
+        OmegaConf.register_new_resolver("required", _required_value)
     if not OmegaConf.has_resolver("first_set"):
         # ${first_set:a,b,...}: the first argument that is neither null nor empty. train.yaml uses it
         # to make Hydra's output directory the run directory when run_dir is given.

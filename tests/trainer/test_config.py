@@ -85,3 +85,22 @@ def test_cli_unknown_experiment_lists_the_available_ones():
     assert "nope" in output
     for name in EXPERIMENTS:
         assert name in output
+
+
+def test_a_required_value_of_a_group_file_must_be_given():
+    """configs/data/mixture_example.yaml requires the tokenizer and prepared_dir: not given, it is an error naming
+    the key (a plain ??? there would silently keep the schema's default)."""
+    import subprocess
+    import sys
+
+    from omegaconf.errors import OmegaConfBaseException
+
+    from trainer.config import compose
+
+    with pytest.raises(OmegaConfBaseException, match="data.tokenizer must be set"):
+        compose(["data=mixture_example", "data.prepared_dir=/p", "data.sources.1.path=/c"])
+    given = compose(["data=mixture_example", "data.tokenizer=/t", "data.prepared_dir=/p", "data.sources.1.path=/c"])
+    assert (given.data.tokenizer, given.data.prepared_dir) == ("/t", "/p")
+    result = subprocess.run([sys.executable, "-m", "trainer", "data=mixture_example", "data.sources.1.path=/c"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "must be set" in result.stderr and "Traceback" not in result.stderr
