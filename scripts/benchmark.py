@@ -20,7 +20,6 @@ profiler's CUDA kernel times. JSON to --out.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import platform

@@ -14,10 +14,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Sequence
 
 import torch
 import torch.nn.functional as F

@@ -86,3 +86,15 @@ def write_synthetic(directory: Path, name: str, lengths: list[int] | np.ndarray,
     write_token_dataset(directory, name, tokens, lengths, tokenizer_identity=SYNTHETIC_IDENTITY,
                         validation_fraction=fraction, documents_per_shard=documents_per_shard)
     return tokens
+
+
+def prepare_small_jsonl_source(tmp_path: Path, seed: int):
+    """40 ASCII documents in 3 chunks (a train and a validation shard each) prepared into tmp_path/out/local
+    with the session's small builtin tokenizer; returns (config, directory)."""
+    from data import build_tokenizer, prepare_source
+
+    write_jsonl(tmp_path / "c.jsonl", ascii_documents(40, seed=seed))
+    cfg = files_config(shared_builtin_cache(), tmp_path / "c.jsonl", prepared_dir=str(tmp_path / "out"),
+                       documents_per_shard=15, validation_fraction=0.1, seq_len=16, auto_prepare=False)
+    prepare_source(cfg, cfg.sources[0], build_tokenizer(cfg), progress=False)
+    return cfg, tmp_path / "out" / "local"

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from data import DataConfig, SourceConfig, validate_data_config
+from trainer.config import register_configs
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 DATA_CONFIGS = sorted((REPOSITORY / "configs" / "data").glob("*.yaml"))
@@ -30,6 +31,11 @@ def test_builtin_yaml_is_the_dataclass_default():
 @pytest.mark.parametrize("path", DATA_CONFIGS, ids=[path.stem for path in DATA_CONFIGS])
 def test_every_data_yaml_merges_and_validates_once_its_blanks_are_filled(path, tmp_path):
     config = merged(path)
+    register_configs()  # the ${required:key} resolver
+    raw = OmegaConf.to_container(config, resolve=False)
+    required = [key for key, value in raw.items() if isinstance(value, str) and value.startswith("${required:")]
+    for key in required:  # before missing_keys, which resolves every value
+        OmegaConf.update(config, key, str(tmp_path / "placeholder"))
     for key in OmegaConf.missing_keys(config):
         OmegaConf.update(config, key, str(tmp_path / "placeholder"))
     for index, source in enumerate(config.sources):

@@ -10,17 +10,13 @@ import pytest
 from data import DataConfig, DataError, SourceConfig, build_tokenizer, build_train_loader, build_validation_batches
 from data import prepare_source, validate_data_config
 from data.shards import open_split
-from data_testing import ascii_documents, files_config, shared_builtin_cache, write_jsonl, write_synthetic
+from data_testing import files_config, shared_builtin_cache, write_jsonl, write_synthetic, prepare_small_jsonl_source
 
 
 @pytest.fixture
 def prepared(tmp_path):
     """A small local source prepared into tmp_path/out/local with the shared builtin tokenizer."""
-    write_jsonl(tmp_path / "c.jsonl", ascii_documents(40, seed=11))
-    cfg = files_config(shared_builtin_cache(), tmp_path / "c.jsonl", prepared_dir=str(tmp_path / "out"),
-                       documents_per_shard=15, validation_fraction=0.1, seq_len=16, auto_prepare=False)
-    prepare_source(cfg, cfg.sources[0], build_tokenizer(cfg), progress=False)
-    return cfg, tmp_path / "out" / "local"
+    return prepare_small_jsonl_source(tmp_path, seed=11)
 
 
 def test_the_prepared_fixture_loads(prepared):

@@ -8,19 +8,15 @@ import re
 
 import pytest
 
-from data import DataError, build_tokenizer, build_train_loader, prepare_source
+from data import DataError, build_train_loader
 from data.shards import read_json
-from data_testing import ascii_documents, files_config, shared_builtin_cache, write_jsonl
+from data_testing import ascii_documents, files_config, shared_builtin_cache, prepare_small_jsonl_source
 
 
 @pytest.fixture
 def prepared(tmp_path):
     """40 documents in 3 chunks (train and validation shard each), prepared into tmp_path/out/local."""
-    write_jsonl(tmp_path / "c.jsonl", ascii_documents(40, seed=5))
-    cfg = files_config(shared_builtin_cache(), tmp_path / "c.jsonl", prepared_dir=str(tmp_path / "out"),
-                       documents_per_shard=15, validation_fraction=0.1, seq_len=16, auto_prepare=False)
-    prepare_source(cfg, cfg.sources[0], build_tokenizer(cfg), progress=False)
-    return cfg, tmp_path / "out" / "local"
+    return prepare_small_jsonl_source(tmp_path, seed=5)
 
 
 def _edit_manifest(directory, edit):

@@ -3,13 +3,13 @@ experiments through trainer.config.compose, and clear refusals of what it cannot
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from scripts_testing import load_script
 from data_testing import SMALL_CORPUS_MB, SMALL_VOCAB, ascii_documents, shared_builtin_cache, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,10 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("prepare_data_script", ROOT / "scripts" / "prepare_data.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("prepare_data")
 
 
 @pytest.fixture(scope="module")

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from models.config import ModelConfig
+from scripts_testing import load_script  # noqa: F401  (re-exported for the tools tests)
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 PATTERN_12B = "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-"
-
-
-def load_script(name: str):
-    """Import scripts/<name>.py as a module (scripts/ is not a package)."""
-    module_name = f"_script_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, REPOSITORY / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def config_12b() -> ModelConfig:

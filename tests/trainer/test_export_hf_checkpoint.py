@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 import torch
 
 from trainer.loop import train
-from trainer_testing import ROOT, compose_train_config, tiny_overrides
+from scripts_testing import load_script
+from trainer_testing import compose_train_config, tiny_overrides
 
 
 def _export_script():
-    spec = importlib.util.spec_from_file_location("export_hf_script", ROOT / "scripts" / "export_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("export_hf")
 
 
 def test_checkpoint_exports_to_transformers_with_the_same_logits(tmp_path, data_cache):

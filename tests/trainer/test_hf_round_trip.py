@@ -10,19 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from scripts_testing import load_script
 from trainer.loop import train
-from trainer_testing import ROOT, compose_train_config, read_jsonl, tiny_overrides
+from trainer_testing import compose_train_config, read_jsonl, tiny_overrides
 
 transformers = pytest.importorskip("transformers")
 
 
 def _export_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("export_hf_script", ROOT / "scripts" / "export_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("export_hf")
 
 
 @pytest.fixture(scope="module")

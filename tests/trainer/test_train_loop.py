@@ -7,7 +7,7 @@ import math
 import torch
 
 from trainer.loop import Callback, train
-from trainer_testing import compose_train_config, losses_by_step, read_jsonl, run_cli, tiny_overrides
+from trainer_testing import compose_train_config, read_jsonl, run_cli, tiny_overrides
 
 REQUIRED_METRICS = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s")
 
