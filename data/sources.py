@@ -35,7 +35,7 @@ from data.saved_datasets import (
     load_saved_dataset,
     refuse_megatron,
 )
-from data.text_tree import TreeCorpus, describe_tree, read_tree
+from data.text_tree import TreeCorpus, TreeFile, describe_tree, list_tree_files, read_tree
 
 log = logging.getLogger(__name__)
 
@@ -93,22 +93,20 @@ def resolve_data_files(source: SourceConfig) -> tuple[list[Path], str]:
     return files, file_format
 
 
-def _tree_arguments(source: SourceConfig) -> tuple:
-    where = f"source {source.name!r}"
-    return (tuple(source.roots), tuple(source.include), tuple(source.exclude), source.max_document_bytes,
-            source.skip_undecodable, where)
+def _tree_listing(source: SourceConfig) -> tuple[TreeFile, ...]:
+    return tuple(list_tree_files(source.roots, source.include, source.exclude, f"source {source.name!r}"))
 
 
 @lru_cache(maxsize=2)
-def _read_tree_cached(roots, include, exclude, max_document_bytes, skip_undecodable, where, listing_sha256) -> TreeCorpus:
-    # listing_sha256 (paths, sizes, mtimes) is part of the key: an edited file is read again.
-    return read_tree(list(roots), list(include), list(exclude), max_document_bytes, skip_undecodable, where)
+def _read_tree_cached(files: tuple[TreeFile, ...], max_document_bytes: int, skip_undecodable: bool,
+                      where: str) -> TreeCorpus:
+    # The listing is the key and holds each file's size and mtime: an edited file is read again.
+    return read_tree(list(files), max_document_bytes, skip_undecodable, where)
 
 
 def _read_tree_source(source: SourceConfig) -> TreeCorpus:
-    arguments = _tree_arguments(source)
-    listing = describe_tree(*[list(value) if isinstance(value, tuple) else value for value in arguments])
-    return _read_tree_cached(*arguments, listing["listing_sha256"])
+    return _read_tree_cached(_tree_listing(source), source.max_document_bytes, source.skip_undecodable,
+                             f"source {source.name!r}")
 
 
 def source_statistics(source: SourceConfig, cfg: DataConfig) -> dict | None:
@@ -123,9 +121,9 @@ def describe_source(source: SourceConfig, cfg: DataConfig) -> dict:
     if source.kind == "builtin":
         return load_builtin_corpus(cfg.builtin_corpus_mb).describe()
     if source.kind == "tree":
-        roots, include, exclude, max_bytes, skip, where = _tree_arguments(source)
-        return {**describe_tree(list(roots), list(include), list(exclude), max_bytes, skip, where),
-                "text_field": source.text_field}
+        description = describe_tree(list(_tree_listing(source)), source.roots, source.include, source.exclude,
+                                    source.max_document_bytes, source.skip_undecodable, f"source {source.name!r}")
+        return {**description, "text_field": source.text_field}
     common = {"kind": source.kind, "split": source.split, "text_field": source.text_field}
     if source.kind == "files" and is_saved_dataset(Path(os.path.expanduser(source.path or ""))):
         return {**common, **describe_saved_dataset(Path(os.path.expanduser(source.path)))}

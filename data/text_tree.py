@@ -115,10 +115,9 @@ def list_tree_files(roots: list[str], include: list[str], exclude: list[str], wh
     return listed
 
 
-def describe_tree(roots: list[str], include: list[str], exclude: list[str], max_document_bytes: int,
-                  skip_undecodable: bool, where: str) -> dict:
-    """Stat-only description for cache keys and manifests: any added, removed or edited file changes it."""
-    files = list_tree_files(roots, include, exclude, where)
+def describe_tree(files: list[TreeFile], roots: list[str], include: list[str], exclude: list[str],
+                  max_document_bytes: int, skip_undecodable: bool, where: str) -> dict:
+    """Stat-only description of a listing, for cache keys and manifests: any added, removed or edited file changes it."""
     digest = hashlib.sha256()
     for file in files:
         digest.update(f"{file.path}\0{file.size}\0{file.mtime_ns}\n".encode("utf-8", "surrogateescape"))
@@ -148,10 +147,8 @@ def _line_of(raw: bytes, offset: int) -> int:
     return raw.count(b"\n", 0, offset) + 1
 
 
-def read_tree(roots: list[str], include: list[str], exclude: list[str], max_document_bytes: int,
-              skip_undecodable: bool, where: str) -> TreeCorpus:
-    """Read, size-filter, deduplicate and decode the listed files (see the module docstring)."""
-    files = list_tree_files(roots, include, exclude, where)
+def read_tree(files: list[TreeFile], max_document_bytes: int, skip_undecodable: bool, where: str) -> TreeCorpus:
+    """Read, size-filter, deduplicate and decode the listed files (`list_tree_files`; see the module docstring)."""
     corpus = TreeCorpus()
     counts = {"listed_files": len(files), "listed_bytes": sum(f.size for f in files), "too_large": 0, "empty": 0,
               "duplicates": 0, "duplicate_bytes": 0, "undecodable": 0, "kept_files": 0, "kept_bytes": 0}

@@ -154,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         hydra_config = run_dir / ".hydra" / "config.yaml"
         if not (run_dir / "config.yaml").is_file() and hydra_config.is_file():
             shutil.copy(hydra_config, run_dir / "config.yaml")
-        log_text = (run_dir / "train.log").read_text()
-        # the log accumulates over calls; this call's part starts after its last "+experiment" launch line
-        preempted = log_text.rstrip().splitlines()[-1:] and "preempted at step" in log_text.rstrip().splitlines()[-1]
+        # train.log accumulates over calls: only its last line says how this call's part ended
+        last_lines = (run_dir / "train.log").read_text().rstrip().splitlines()
+        preempted = bool(last_lines) and "preempted at step" in last_lines[-1]
         previous = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
         record = {
             "run": name,

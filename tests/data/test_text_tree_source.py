@@ -69,7 +69,7 @@ def test_read_deduplicates_and_counts_what_it_leaves_out(tmp_path):
     (tmp_path / "zz_copy.py").write_text(texts[first], encoding="utf-8")  # duplicate, later in order
     (tmp_path / "big.txt").write_text("y" * 5000)
     (tmp_path / "empty.md").write_text("")
-    corpus = read_tree([str(tmp_path)], ["*.py", "*.md", "*.rst", "*.txt"], [], 4096, False, "test")
+    corpus = read_tree(list_tree_files([str(tmp_path)], ["*.py", "*.md", "*.rst", "*.txt"], [], "test"), 4096, False, "test")
     kept = [str(Path(path).relative_to(tmp_path)) for path in corpus.paths]
     assert kept == sorted(texts)
     assert corpus.texts == [texts[relative] for relative in kept]
@@ -84,10 +84,10 @@ def test_undecodable_file_is_named_or_skipped_and_counted(tmp_path):
     bad = tmp_path / "pkg2" / "latin1.txt"
     bad.write_bytes("line one\nline two caf\xe9\n".encode("latin-1"))
     with pytest.raises(DataError) as raised:
-        read_tree([str(tmp_path)], ["*.txt"], [], 10**6, False, "source 'tree'")
+        read_tree(list_tree_files([str(tmp_path)], ["*.txt"], [], "test"), 10**6, False, "source 'tree'")
     message = str(raised.value)
     assert str(bad) in message and "line 2" in message and "skip_undecodable" in message
-    corpus = read_tree([str(tmp_path)], ["*.txt"], [], 10**6, True, "source 'tree'")
+    corpus = read_tree(list_tree_files([str(tmp_path)], ["*.txt"], [], "test"), 10**6, True, "source 'tree'")
     assert corpus.statistics["undecodable"] == 1 and corpus.statistics["undecodable_examples"] == [str(bad)]
     assert str(bad) not in corpus.paths
 
