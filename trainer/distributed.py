@@ -10,7 +10,7 @@ time (trainer/heartbeat.py).
 `parallelize` applies, in this order (torchtitan's order; each step needs the one before):
   1. precision conversion (nn.Linear -> QuantLinear by name; done by the caller, see loop.py)
   2. activation checkpointing per block (full, or only blocks of given symbols)
-  3. torch.compile per block (`module.compile()` keeps parameter names)
+  3. torch.compile per block (`module.compile()` keeps parameter names; trainer/compile.py)
   4. FSDP2 `fully_shard` per block, then the root; HSDP when dp_replicate > 1
 """
 
@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from trainer.compile import apply_compile
 from trainer.config import ParallelConfig
 from trainer.heartbeat import Heartbeat
 
@@ -158,12 +159,6 @@ def apply_activation_checkpointing(model: nn.Module, which: str) -> int:
             block.forward = checkpointed_forward
             wrapped += 1
     return wrapped
-
-
-def apply_compile(model: nn.Module) -> None:
-    """Compile every block separately: small graphs, fast compile, names unchanged."""
-    for block in model.layers:
-        block.compile()
 
 
 def apply_fsdp(model: nn.Module, env: DistEnv, cfg: ParallelConfig, param_dtype: torch.dtype) -> None:

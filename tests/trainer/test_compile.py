@@ -1,0 +1,70 @@
+"""Every block and quantized layer of a hybrid model compiles: no variant falls back to eager.
+
+Dynamo caches compiled variants per function, shared by all blocks; past its recompile limit it
+silently runs the rest eagerly (trainer/compile.py). The study's NVFP4 runs did (docs/study.md).
+These tests compile with the "eager" backend: the same Dynamo tracing and guards, no codegen.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.hybrid import build_model
+from models.quant.recipe import apply_precision
+from trainer import compile as trainer_compile
+from trainer.config import compose
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    import torch._dynamo
+
+    saved = (torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit)
+    torch._dynamo.reset()
+    trainer_compile._fallbacks.clear()
+    yield
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit, torch._dynamo.config.accumulated_recompile_limit = saved
+    trainer_compile._fallbacks.clear()
+
+
+def _train_and_evaluate(model, vocab_size: int, seq: int = 64) -> None:
+    tokens = torch.randint(0, vocab_size, (1, seq + 1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(tokens[:, :-1])
+    F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(tokens[:, :-1])
+
+
+@pytest.mark.parametrize("overrides", [
+    ["+experiment=study_nvfp4"],
+    ["+experiment=study_nvfp4", "precision.format=mxfp4", "precision.name=mxfp4"],
+], ids=["nvfp4", "mxfp4"])
+def test_study_model_compiles_every_variant(overrides):
+    from torch._dynamo.utils import counters
+
+    cfg = compose(overrides)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    apply_precision(model, cfg.precision, device=torch.device("cpu"))
+    limit = trainer_compile.apply_compile(model, backend="eager")
+    assert limit > 8  # 16 blocks of three mixer types, BF16 and quantized, train and eval
+    _train_and_evaluate(model, cfg.model.vocab_size)
+    assert trainer_compile.compile_fallbacks() == []
+    assert not any("recompile limit" in str(reason) for reason in counters["unimplemented"])
+
+
+def test_a_function_past_the_limit_is_reported():
+    import torch._dynamo
+
+    def scale(x):
+        return x * 2
+
+    compiled = torch.compile(scale, backend="eager")
+    trainer_compile._watch_dynamo()
+    torch._dynamo.config.recompile_limit = 1
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        compiled(torch.ones(4, dtype=dtype))
+    fallbacks = trainer_compile.compile_fallbacks()
+    assert len(fallbacks) >= 1 and "scale" in fallbacks[0]
