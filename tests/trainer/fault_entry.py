@@ -51,7 +51,7 @@ def main() -> None:
         trainer.loop.train = train  # trainer/__main__.py looks it up when it runs
 
     if kill_during_save is not None:
-        def on_shards_written(self, step, tmp):  # noqa: ARG001 - the hook's signature
+        def on_shards_written(self, step, tmp):
             if step == kill_during_save:
                 os._exit(EXIT_CODE)
 

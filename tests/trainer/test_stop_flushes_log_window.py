@@ -9,10 +9,10 @@ import signal
 from pathlib import Path
 
 import pytest
+from trainer_testing import ROOT, compose_train_config, read_jsonl, tiny_overrides
 
 from trainer.guards import NonFiniteHalt
 from trainer.loop import Callback, train
-from trainer_testing import ROOT, compose_train_config, read_jsonl, tiny_overrides
 
 
 class SigtermAfterStep(Callback):
