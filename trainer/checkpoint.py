@@ -32,6 +32,12 @@ the newest one saved while training was healthy (no non-finite step in a row at 
 so that a NaN halt followed by any number of restarts never deletes the last good checkpoint.
 Checkpoints of another model (allow_model_change) are never pruned.
 
+When to save is decided here too: the loop hands over what a checkpoint holds once
+(`track(model, optimizer, trainer_state)`) and calls `maybe_save(step, last=...)` after every step
+(checkpoint.every), `save_now(step)` at a stop (preemption, NaN halt) and `save_final(step, ...)`
+at the end (checkpoint.save_at_end). `on_shards_written` is a no-op extension point between the
+shards and the commit (tests replace it to kill a save half done).
+
 Async saves (checkpoint.async_save): DCP stages the state to CPU memory and writes it from a
 background thread on a dedicated gloo group; the checkpoint becomes visible (renamed) at the
 first step boundary where every rank has finished writing, or at the next save / the end.
@@ -65,7 +71,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from trainer import compat, faults, integrity
+from trainer import compat, integrity
 from trainer.config import CheckpointConfig
 from trainer.distributed import DistEnv, all_gather_object, barrier, broadcast_object, process_group_timeout_s
 from trainer.oserrors import explain_write_failure
@@ -156,6 +162,8 @@ class Checkpointer:
         self.precision_backend = precision_backend
         self.dir = Path(cfg.dir) if cfg.dir else Path(run_dir) / "checkpoints"
         self.set_aside: List[Tuple[str, str]] = []  # (new path, reason) of checkpoints moved aside at resume
+        self.last_saved_step = -1  # the step of the newest checkpoint this run saved or resumed from
+        self._tracked = None  # (model, optimizer, trainer state) that the loop's calls save
         self._pending = None  # (future, tmp_dir, final_dir, trainer_state) of an async save
         # An async save runs its collectives from a background thread: on the default group they
         # would interleave with the training step's FSDP collectives and deadlock. It gets its own
@@ -245,6 +253,41 @@ class Checkpointer:
                     self.set_aside.append((str(moved), message))
         barrier()
 
+    # ----------------------------------------------------------------------------- when to save
+    def track(self, model, optimizer, trainer_state) -> None:
+        """What the loop's calls below save: model, optimizer and an object whose state_dict() is
+        trainer_state.json (trainer/components.py: CheckpointedState)."""
+        self._tracked = (model, optimizer, trainer_state)
+
+    def save_now(self, step: int) -> Path:
+        """Save the tracked state (a stop: preemption, NaN halt)."""
+        model, optimizer, trainer_state = self._tracked
+        return self.save(step, model, optimizer, trainer_state.state_dict())
+
+    def maybe_save(self, step: int, *, last: bool) -> bool:
+        """After every step (collective): make a finished async save visible, then save if
+        checkpoint.every says so. Never at the last step, which `save_final` covers. True if saved."""
+        self.poll()
+        if self.cfg.every and step % self.cfg.every == 0 and not last:
+            self.save_now(step)
+            return True
+        return False
+
+    def save_final(self, step: int, *, completed: bool) -> bool:
+        """At the end: checkpoint.save_at_end on a completed run, unless this step is saved already;
+        then wait for any async save. True if a save was made here."""
+        saved = False
+        if self.cfg.save_at_end and completed and self.last_saved_step != step:
+            self.save_now(step)
+            saved = True
+        self.wait()
+        return saved
+
+    def on_shards_written(self, step: int, tmp: Path) -> None:
+        """Called on every rank once every rank's shards of `step` are in `tmp`, before the checkpoint
+        is committed (state file, manifest, rename). Does nothing; an extension point (the tests kill
+        a process here to leave a save half done)."""
+
     # ----------------------------------------------------------------------------- saving
     def save(self, step: int, model, optimizer, trainer_state: dict) -> Path:
         """Save synchronously (or start an async save); returns the final directory name.
@@ -252,6 +295,7 @@ class Checkpointer:
         Raises CheckpointSaveError on every rank when any rank fails, after removing the partial directory.
         """
         self.wait()  # finish a pending async save first: checkpoints become visible in order
+        self.last_saved_step = step
         final = self.dir / checkpoint_name(step)
         tmp = self.dir / f"{_TMP_PREFIX}{step:08d}"
         error = None
@@ -325,7 +369,7 @@ class Checkpointer:
 
     def _finalize(self, tmp: Path, final: Path, trainer_state: dict) -> None:
         barrier()  # every rank's shards are on disk
-        faults.maybe_kill(faults.KILL_DURING_SAVE, trainer_state["step"])
+        self.on_shards_written(trainer_state["step"], tmp)
         error = None
         if self.env.is_main:
             try:
@@ -437,6 +481,7 @@ class Checkpointer:
             seed = (trainer_state.get("seed", 0) * 1_000_003 + trainer_state["step"]) * 1009 + self.env.rank
             _seed_all(seed % (2**63))
         self._set_aside_newer(trainer_state["step"])
+        self.last_saved_step = trainer_state["step"]
         return trainer_state
 
     def _load_matching_parameters(self, path: Path, model) -> dict:

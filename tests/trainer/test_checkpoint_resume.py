@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from trainer.faults import EXIT_CODE
-from trainer_testing import ROOT, losses_by_step, read_jsonl, run_cli, tiny_overrides
+from fault_entry import EXIT_CODE
+from trainer_testing import FAULT_ENTRY, ROOT, losses_by_step, read_jsonl, run_cli, tiny_overrides
 
 
 def _checkpoints(run_dir):
@@ -24,7 +24,7 @@ def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, da
     reference = run_cli(args, tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr[-3000:]
 
-    crashed = run_cli(args, tmp_path / "run", env={"HYBRID_TEST_KILL_DURING_SAVE": "4"})
+    crashed = run_cli(["--kill-during-save=4", *args], tmp_path / "run", module=FAULT_ENTRY)
     assert crashed.returncode == EXIT_CODE
     assert _checkpoints(tmp_path / "run") == [".tmp_step_00000004", "step_00000002"]
 
@@ -46,8 +46,8 @@ def test_two_process_fsdp_kill_resume_bitwise_and_reshard_to_one(tmp_path, data_
     # The interrupted run saves asynchronously (DCP async_save on its own gloo group): a save
     # becomes visible at the first step boundary after every rank finished writing, so when the
     # kill comes after step 5 the newest complete checkpoint is step 4 or (if still in flight) 2.
-    killed = run_cli(args + ["checkpoint.async_save=true"], tmp_path / "run", nproc=2,
-                     env={"HYBRID_TEST_KILL_AT_STEP": "5"})
+    killed = run_cli(["--kill-at-step=5", *args, "checkpoint.async_save=true"], tmp_path / "run", nproc=2,
+                     module=FAULT_ENTRY)
     assert killed.returncode != 0
     complete = [name for name in _checkpoints(tmp_path / "run") if name.startswith("step_")]
     assert complete[-1] in ("step_00000002", "step_00000004"), complete

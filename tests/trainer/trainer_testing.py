@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+FAULT_ENTRY = "tests.trainer.fault_entry"  # `python -m trainer` with faults installed (fault_entry.py)
 
 
 def tiny_overrides(cache_dir: Path, steps: int = 6) -> list:
@@ -33,12 +34,14 @@ def compose_train_config(overrides: list, run_dir: Path):
     return cfg
 
 
-def run_cli(args: list, run_dir: Path, nproc: int = 1, env: dict = None, timeout: int = 300):
-    """`python -m trainer` (or torchrun with nproc > 1) in a subprocess; returns the CompletedProcess."""
-    launcher = [sys.executable, "-m", "trainer"]
+def run_cli(args: list, run_dir: Path, nproc: int = 1, env: dict = None, timeout: int = 300,
+            module: str = "trainer"):
+    """`python -m trainer` (or torchrun with nproc > 1) in a subprocess; returns the CompletedProcess.
+    module=FAULT_ENTRY runs the trainer with the faults its options (in `args`) ask for."""
+    launcher = [sys.executable, "-m", module]
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                    "-m", "trainer"]
+                    "-m", module]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.run(launcher + args + [f"run_dir={run_dir}"], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,74 @@
+"""A stop between log steps (preemption, NaN halt) writes the steps since the last metrics line, so no
+step's loss goes unlogged; the first line after the resume averages only the steps since the resume.
+Faults come from outside the product code: a signal to the process, a poisoned gradient."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from trainer_testing import ROOT, compose_train_config, read_jsonl, tiny_overrides
+
+from trainer.guards import NonFiniteHalt
+from trainer.loop import Callback, train
+
+
+class SigtermAfterStep(Callback):
+    """Preemption: SIGTERM to this process once step `step` is done (the loop stops at that boundary)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, ctx, metrics):
+        if ctx.state.step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class PoisonAt(Callback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_after_backward(self, ctx):
+        if ctx.state.step == self.step:
+            next(p for p in ctx.model.parameters() if p.grad is not None).grad.fill_(float("nan"))
+
+
+def _mean(values):
+    return sum(values) / len(values)
+
+
+def test_preemption_flushes_the_partial_window_and_the_resume_logs_its_own(tmp_path, data_cache):
+    overrides = tiny_overrides(data_cache, steps=10) + ["logging.log_every=5"]
+    first = train(compose_train_config(overrides, tmp_path), callbacks=[SigtermAfterStep(7)])
+    assert first["status"] == "preempted" and first["step"] == 7
+    second = train(compose_train_config(overrides, tmp_path))  # resumes from the checkpoint of step 7
+    assert second["status"] == "completed" and len(second["losses"]) == 3  # steps 8, 9, 10
+
+    lines = {line["step"]: line for line in read_jsonl(tmp_path / "metrics.jsonl")}
+    assert sorted(lines) == [5, 7, 10]
+    assert "window_steps" not in lines[5] and "partial" not in lines[5]  # a regular window: steps 1-5
+    assert lines[5]["loss"] == pytest.approx(_mean(first["losses"][:5]))
+    assert lines[7]["partial"] is True and lines[7]["window_steps"] == 2  # steps 6-7, flushed at the stop
+    assert lines[7]["loss"] == pytest.approx(_mean(first["losses"][5:7]))
+    assert lines[7]["tokens"] == 7 * 4 * 64
+    assert "partial" not in lines[10] and lines[10]["window_steps"] == 3  # steps 8-10, after the resume
+    assert lines[10]["loss"] == pytest.approx(_mean(second["losses"]))
+
+
+def test_nan_halt_flushes_the_partial_window(tmp_path, data_cache):
+    overrides = tiny_overrides(data_cache, steps=10) + ["logging.log_every=5", "train.max_consecutive_skips=1"]
+    with pytest.raises(NonFiniteHalt):
+        train(compose_train_config(overrides, tmp_path), callbacks=[PoisonAt(6)])  # step 7 is non-finite
+    lines = {line["step"]: line for line in read_jsonl(tmp_path / "metrics.jsonl")}
+    assert sorted(lines) == [5, 7]
+    assert lines[7]["partial"] is True and lines[7]["window_steps"] == 2
+    assert lines[7]["skipped_steps"] == 1  # the loss is step 6's: the mean of the window's finite losses
+    assert lines[7]["loss"] != "nan"
+
+
+def test_no_product_module_reads_test_fault_variables():
+    for package in ("trainer", "models", "data", "scripts"):
+        for path in Path(ROOT, package).rglob("*.py"):
+            assert "HYBRID_TEST" not in path.read_text(), path
