@@ -250,3 +250,35 @@ def compose(overrides: Sequence[str] = (), config_dir: Optional[str | os.PathLik
         experiments = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")]
         cfg.name = experiments[-1] if experiments else "default"
     return cfg
+
+
+def compose_option(group: str, name_or_path: str | os.PathLike, overrides: Sequence[str] = (),
+                   config_dir: Optional[str | os.PathLike] = None) -> TrainConfig:
+    """``compose`` with one group's option given as a name (``configs/<group>/<name>.yaml``) or a yaml file anywhere.
+
+    A file becomes that group's option in a temporary folder of one's own configs (as
+    ``--config-dir`` would hold it), so it goes through the same schema, defaults and
+    interpolations as a named option. What the tools take as ``--config``/``--precision``.
+    Raises FileNotFoundError naming what was looked for (and, for a name, the available ones).
+    """
+    import shutil
+    import tempfile
+
+    path = Path(name_or_path)
+    with tempfile.TemporaryDirectory() as own_configs:
+        if path.suffix in (".yaml", ".yml"):
+            if config_dir is not None:
+                raise ValueError("compose_option: a yaml file and config_dir cannot be combined")
+            if not path.is_file():
+                raise FileNotFoundError(f"{group} config file {path} not found")
+            (Path(own_configs) / group).mkdir()
+            shutil.copy(path, Path(own_configs) / group / "_from_file.yaml")
+            name, config_dir = "_from_file", own_configs
+        else:
+            name = str(name_or_path)
+            folders = [CONFIG_DIR / group] + ([Path(config_dir) / group] if config_dir is not None else [])
+            if not any((folder / f"{name}.yaml").is_file() for folder in folders):
+                available = sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+                raise FileNotFoundError(f"{group} config {name!r} not found in {CONFIG_DIR / group}; "
+                                        f"available: {available}")
+        return compose([f"{group}={name}", *overrides], config_dir=config_dir)
