@@ -282,3 +282,29 @@ def compose_option(group: str, name_or_path: str | os.PathLike, overrides: Seque
                 raise FileNotFoundError(f"{group} config {name!r} not found in {CONFIG_DIR / group}; "
                                         f"available: {available}")
         return compose([f"{group}={name}", *overrides], config_dir=config_dir)
+
+
+TRAIN_LEVEL_OVERRIDES = ("data.", "data=", "+data", "experiment=", "+experiment=", "~")
+"""Overrides compose_data passes on as they are; any other key is a DataConfig key (gets `data.`)."""
+
+
+def compose_data(config: Optional[str | os.PathLike] = None, overrides: Sequence[str] = (),
+                 validate: bool = True) -> DataConfig:
+    """The DataConfig a training run reads with ``data=<config>`` and these overrides (scripts/prepare_data.py).
+
+    ``config`` is a name under configs/data/ or a yaml file (None: the default, train.yaml's);
+    ``overrides`` are DataConfig keys (``num_proc=3``) or train-level ones (``+experiment=...``,
+    ``data.*``). Raises ValueError for an override that is not key=value, FileNotFoundError for a
+    config that is not there, Hydra's error for an unknown key; with ``validate``, data's own
+    checks run too (``data.validate_data_config``).
+    """
+    from data import validate_data_config
+
+    hydra_overrides = [o if o.startswith(TRAIN_LEVEL_OVERRIDES) else f"data.{o}" for o in overrides]
+    for override in hydra_overrides:
+        if "=" not in override and not override.startswith("~"):
+            raise ValueError(f"override {override!r} is not key=value")
+    cfg = (compose_option("data", config, hydra_overrides) if config is not None else compose(hydra_overrides)).data
+    if validate:
+        validate_data_config(cfg)
+    return cfg
