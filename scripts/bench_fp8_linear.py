@@ -4,15 +4,9 @@
     python scripts/bench_fp8_linear.py --tokens 8192 --shapes 5120x20480,20480x5120 --iters 30
 
 For each shape (in_features x out_features) at ``--tokens`` bf16 tokens, side by side in one run:
-- BF16 ``nn.Linear``;
-- ``TorchFp8Linear`` with the fp8_block spec (1x128 activations/gradients, 128x128 weights, fused
-  Triton quantization), the same with the plain-torch quantizer, and with the fp8_tensor spec;
-- the emulated ``QuantLinear`` fp8_block (quantize-dequantize + BF16 GEMM), for reference;
-- Transformer Engine ``te.Linear`` in BF16 and under ``Float8BlockScaling`` and
-  ``Float8CurrentScaling``, when transformer_engine imports (skipped with a note otherwise);
-- the three native FP8 GEMMs alone (operands quantized beforehand) and their BF16 counterparts;
-- the fused quantization kernels alone (X and dY both orientations, W 128x128 both), for several
-  warps per program, with the bandwidth they reach (bytes read + written).
+BF16 ``nn.Linear``, ``TorchFp8Linear`` (fp8_block, fused or plain-torch quantization; fp8_tensor),
+the emulated ``QuantLinear``, Transformer Engine's ``te.Linear`` when it imports, the three FP8
+GEMMs alone and the fused quantization kernels alone (``--quant-warps``).
 Times are CUDA-event medians over ``--iters`` calls after ``--warmup`` calls. TFLOP/s counts the
 three GEMMs, 3 x 2 M N K. "x BF16" is BF16's time over the case's (above 1: faster than BF16).
 Weights are bf16 unless ``--weight-dtype float32`` (the trainer's fp32 master weights).

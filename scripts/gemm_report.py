@@ -15,14 +15,9 @@ the recipe.
 The cost model (formulas, assumptions, bytes per format) is reports/gemm_costs.py; the report,
 its tables and CSV reports/gemm_report.py.
 
---measure times each distinct linear GEMM shape on the present CUDA GPU with CUDA events (after
-warm-up; median of --iters): BF16 torch.matmul, FP8 torch._scaled_mm with tensorwise scales and with
-DeepSeek-style blockwise scales (1x128 activations x 128x128 weights for Fprop/Dgrad, 1x128 x 1x128
-for Wgrad), and on compute capability >= 10 MXFP8 (1x32, E8M0) and NVFP4 (1x16, E4M3 block scales)
-through torch._scaled_mm. Scale values are ones (timing does not depend on them); operands in the
-TN layout cuBLAS wants (A row-major, B column-major). A variant this torch/GPU refuses is reported as
-unsupported with the error's first line. Quantization kernels are not timed. Attention BMMs are not
-measured (they run inside SDPA/flash attention).
+--measure times each distinct linear GEMM shape on the present CUDA GPU (CUDA events, median of
+--iters after --warmup) in BF16, FP8 tensorwise and blockwise, MXFP8 and NVFP4 where the GPU has
+them: benchmarks/gemm_timing.py says how.
 """
 
 from __future__ import annotations

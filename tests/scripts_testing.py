@@ -16,12 +16,18 @@ from pathlib import Path
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 
+class ScriptFailed(SystemExit, Exception):
+    """A script's non-zero exit, carrying its status and the end of its stderr (the error it printed).
+
+    A SystemExit, as the script's own exit was, and an Exception, as the error behind it was."""
+
+
 def run_script(name: str, *arguments, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run scripts/<name>.py with these arguments; a non-zero exit raises SystemExit carrying it and stderr."""
+    """Run scripts/<name>.py with these arguments; a non-zero exit raises ScriptFailed."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
     result = subprocess.run([sys.executable, str(REPOSITORY / "scripts" / f"{name}.py"), *map(str, arguments)],
                             cwd=cwd or REPOSITORY, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
-        raise SystemExit(f"scripts/{name}.py exited with status {result.returncode}:\n{result.stderr[-4000:]}")
+        raise ScriptFailed(f"scripts/{name}.py exited with status {result.returncode}:\n{result.stderr[-4000:]}")
     return result
