@@ -22,9 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from trainer import integrity  # noqa: E402
+from trainer import integrity
 
 
 def main(argv=None) -> int:

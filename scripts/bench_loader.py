@@ -20,16 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parent.parent
-if str(REPOSITORY) not in sys.path:
-    sys.path.insert(0, str(REPOSITORY))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from data.loader import PackedLoader  # noqa: E402
-from data.prepare import write_token_dataset  # noqa: E402
-from data.shards import open_split  # noqa: E402
+from data.loader import PackedLoader
+from data.prepare import write_token_dataset
+from data.shards import open_split
 
 H200_TOKENS_PER_S = 60_000
 """Consumption of one H200 on the 12B-shaped slice: Megatron BF16 measured 41.6k tokens/s, FP8 ~47k; we target 60k."""

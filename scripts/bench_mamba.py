@@ -13,12 +13,12 @@ from mamba_ssm, the torch.compile'd causal conv; ``--variants`` adds others.
     source .whl/setup.sh && python scripts/bench_mamba.py --out bench_mamba.json
 
 Target (issue 4): ours <= 0.8 x theirs (theirs measured 22.7 ms on H200).
+The modules, their set-up and the timing: benchmarks/mamba.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import platform
 import sys
@@ -26,70 +26,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from models.config import ModelConfig  # noqa: E402
-from models.kernels import has_mamba_ssm_triton, mamba_ssm_triton  # noqa: E402
-from models.mamba2 import Mamba2Mixer  # noqa: E402
-
-VARIANTS = {
-    # name: ModelConfig overrides of our mixer
-    "ours": {},
-    "ours_conv1d": {"conv_backend": "conv1d"},
-    "ours_torch_ssd": {"ssd_backend": "torch", "gated_norm_backend": "torch"},
-}
-
-
-def layer_config(args) -> ModelConfig:
-    return ModelConfig(
-        name="bench_mamba_12b_layer", pattern="M", hidden_size=args.hidden, mamba_num_heads=args.heads,
-        mamba_head_dim=args.head_dim, ssm_state_size=args.state, mamba_num_groups=args.groups,
-        conv_kernel=4, chunk_size=args.chunk, ssd_backend="triton", gated_norm_backend="triton",
-        conv_backend="compiled",
-    ).validate()
-
-
-def theirs_module(args):
-    mamba2 = mamba_ssm_triton.import_mamba_ssm_submodule("modules.mamba2")
-    if mamba2.causal_conv1d_fn is not None:
-        print("note: causal_conv1d is installed; mamba_ssm's Mamba2 uses it", flush=True)
-    return mamba2.Mamba2(
-        d_model=args.hidden, d_state=args.state, d_conv=4, expand=args.heads * args.head_dim // args.hidden,
-        headdim=args.head_dim, ngroups=args.groups, chunk_size=args.chunk, use_mem_eff_path=False,
-        device="cuda", dtype=torch.bfloat16,
-    )
-
-
-def ours_module(args, theirs, overrides):
-    cfg = dataclasses.replace(layer_config(args), **overrides)
-    ours = Mamba2Mixer(cfg).to(device="cuda", dtype=torch.bfloat16)
-    # Same layout and names as mamba_ssm's Mamba2 (in_proj, conv1d, dt_bias, A_log, D, norm, out_proj).
-    missing, unexpected = ours.load_state_dict(theirs.state_dict(), strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"weight layouts differ: missing {missing}, unexpected {unexpected}")
-    return ours
-
-
-def time_ms(module, x, grad_out, warmup, iters, backward=True):
-    """Mean ms per iteration over `iters` after `warmup`, CUDA events around the whole loop."""
-    def step():
-        for p in module.parameters():
-            p.grad = None
-        x.grad = None
-        y = module(x)
-        if backward:
-            y.backward(grad_out)
-
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+from benchmarks.mamba import VARIANTS, MambaBenchmark, bench_mixers
+from models.kernels import has_mamba_ssm_triton, mamba_ssm_triton
 
 
 def main() -> None:
@@ -118,46 +56,15 @@ def main() -> None:
         if v not in VARIANTS:
             sys.exit(f"unknown variant {v!r}; choose from {sorted(VARIANTS)}")
 
-    torch.manual_seed(0)
-    theirs = theirs_module(args)
-    modules = {"mamba_ssm.Mamba2": theirs}
-    for v in variants:
-        modules[v] = ours_module(args, theirs, VARIANTS[v])
-    params = sum(p.numel() for p in theirs.parameters())
-
-    x = torch.randn(args.batch, args.seq, args.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    grad_out = torch.randn(args.batch, args.seq, args.hidden, device="cuda", dtype=torch.bfloat16)
-
-    # Correctness first: same weights, same input -> same output and input gradient.
-    check = {}
-    with torch.no_grad():
-        reference = theirs(x)
-    for name, module in modules.items():
-        if name == "mamba_ssm.Mamba2":
-            continue
-        with torch.no_grad():
-            out = module(x)
-        check[name] = ((out.float() - reference.float()).norm() / reference.float().norm()).item()
-
-    results = {name: {"fwd_bwd_ms": float("inf"), "fwd_ms": float("inf")} for name in modules}
-    for _ in range(args.rounds):
-        for name, module in modules.items():
-            fb = time_ms(module, x, grad_out, args.warmup, args.iters, backward=True)
-            with torch.no_grad():
-                fw = time_ms(module, x, grad_out, args.warmup, args.iters, backward=False)
-            results[name]["fwd_bwd_ms"] = min(results[name]["fwd_bwd_ms"], fb)
-            results[name]["fwd_ms"] = min(results[name]["fwd_ms"], fw)
-    for name in modules:
-        results[name]["peak_note"] = "min over rounds of the mean over iters"
-
-    base = results["mamba_ssm.Mamba2"]["fwd_bwd_ms"]
-    tokens = args.batch * args.seq
+    settings = MambaBenchmark(seq=args.seq, batch=args.batch, hidden=args.hidden, heads=args.heads,
+                              head_dim=args.head_dim, state=args.state, groups=args.groups, chunk=args.chunk,
+                              warmup=args.warmup, iters=args.iters, rounds=args.rounds)
+    measured = bench_mixers(settings, variants)
+    results, check, params = measured["results"], measured["check"], measured["params"]
     print(f"\nMamba-2 layer, hidden {args.hidden}, {args.heads} heads x {args.head_dim}, state {args.state}, "
           f"groups {args.groups}, chunk {args.chunk}, {args.batch} x {args.seq} tokens, bf16, {params / 1e6:.1f}M params")
     print(f"{'module':<20}{'fwd ms':>10}{'fwd+bwd ms':>12}{'vs Mamba2':>11}{'TFLOP/s (6NT)':>15}{'out rel err':>13}")
     for name, r in results.items():
-        r["ratio_vs_mamba2"] = r["fwd_bwd_ms"] / base
-        r["tflops_6nt"] = 6 * params * tokens / (r["fwd_bwd_ms"] * 1e-3) / 1e12
         err = f"{check[name]:.1e}" if name in check else "-"
         print(f"{name:<20}{r['fwd_ms']:>10.2f}{r['fwd_bwd_ms']:>12.2f}{r['ratio_vs_mamba2']:>10.2f}x"
               f"{r['tflops_6nt']:>15.0f}{err:>13}")

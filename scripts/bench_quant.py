@@ -11,6 +11,7 @@ same run. "of copy bw" = floor time / measured time (1.0 = as fast as a copy mov
 The kernels run with a few launch configurations (the first listed is the module's default); the
 best one per kernel is marked with *. The amax pass is also timed alone, against a read of x. Before timing, each
 RNE kernel is checked bit for bit against the torch reference on the benchmark tensor.
+The kernels, configurations and floors: benchmarks/quant_kernels.py.
 """
 
 from __future__ import annotations
@@ -18,60 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from models.quant import kernels  # noqa: E402
-from models.quant.formats import quantize  # noqa: E402
-from models.quant.rht import rht  # noqa: E402
-
-# (tile rows, tile cols, num_warps) and (groups of 16 rows, cols, num_warps); the first is the default.
-ROWS_CONFIGS = [kernels.ROWS_CONFIG, (16, 128, 8), (16, 256, 4), (16, 256, 8), (32, 128, 8), (16, 64, 2), (32, 256, 8)]
-COLUMNS_CONFIGS = [kernels.COLUMNS_CONFIG, (2, 128, 4), (1, 128, 4), (1, 256, 8), (4, 64, 8), (2, 256, 8), (4, 128, 8)]
-AMAX_CONFIGS = [kernels.AMAX_CONFIG, (32, 256, 8), (16, 128, 4), (16, 512, 8)]
-
-
-def time_ms(fn, *, iterations: int, warmup: int) -> float:
-    """Median wall time of fn on the current stream, in milliseconds (CUDA events per call)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
-    for start, end in zip(starts, ends):
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in zip(starts, ends))
-
-
-def copy_bandwidth(x: torch.Tensor, iterations: int, warmup: int) -> float:
-    """Bytes per second of a device-to-device copy of x (read + write counted)."""
-    destination = torch.empty_like(x)
-    milliseconds = time_ms(lambda: destination.copy_(x), iterations=iterations, warmup=warmup)
-    return 2 * x.numel() * x.element_size() / (milliseconds * 1e-3)
-
-
-def floor_bytes(x: torch.Tensor, *, values_bytes: int) -> int:
-    """Read x once, write the scaled values and one E4M3 scale per 16 elements."""
-    return x.numel() * x.element_size() + x.numel() * values_bytes + x.numel() // 16
-
-
-def check_identical(out, reference, transposed: bool) -> bool:
-    values = out.values.t() if transposed else out.values
-    scales = out.block_scales.view(torch.uint8)
-    scales = scales.t() if transposed else scales
-    expected_values = reference.scaled_values(out.values.dtype)
-    same_values = torch.equal(values, expected_values)
-    same_scales = torch.equal(scales, reference.block_scales.view(torch.uint8))
-    same_decode = torch.equal(out.decode_scale.reshape(()), reference.tensor_scale)
-    return bool(same_values and same_scales and same_decode)
+from benchmarks.quant_kernels import bench_quantize, render
+from models.quant import kernels
 
 
 def main() -> int:
@@ -91,106 +45,13 @@ def main() -> int:
     if not kernels.has_triton():
         print(f"bench_quant needs Triton: {kernels.INSTALL_HINT}", file=sys.stderr)
         return 2
-    kernels.use_triton(True)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    torch.manual_seed(0)
-    x = torch.randn(args.rows, args.cols, device="cuda", dtype=dtype)
-    bandwidth = copy_bandwidth(x, args.iterations, args.warmup)
-    values_bytes = 2  # bf16 scaled values
-    floor_ms = floor_bytes(x, values_bytes=values_bytes) / bandwidth * 1e3
-    timing = dict(iterations=args.iterations, warmup=args.warmup)
-    rows = []
-
-    def record(name, milliseconds, config=None, identical=None, error=None):
-        rows.append(
-            {
-                "name": name,
-                "config": config,
-                "ms": milliseconds,
-                "floor_ms": floor_ms,
-                "fraction_of_copy_bw": (floor_ms / milliseconds) if milliseconds else None,
-                "bit_identical": identical,
-                "error": error,
-            }
-        )
-
-    # --- Triton kernels ------------------------------------------------------------------------
-    reference_rows = quantize(x, "nvfp4")
-    reference_2d = quantize(x, "nvfp4", tile=(16, 16))
-    reference_columns = quantize(x.t(), "nvfp4")
-    reference_columns_rht = quantize(rht(x.t()), "nvfp4")
-    rows_configs_2d = [c for c in ROWS_CONFIGS if c[0] == 16]
-    variants = [  # (name, configs, run(config), RNE reference or None, outputs transposed)
-        ("rows 1x16 RNE", ROWS_CONFIGS, lambda c: kernels.nvfp4_quantize_rows(x, config=c), reference_rows, False),
-        ("rows 1x16 SR", ROWS_CONFIGS,
-         lambda c: kernels.nvfp4_quantize_rows(x, config=c, stochastic=True, seed=1), None, False),
-        ("2D 16x16 RNE", rows_configs_2d,
-         lambda c: kernels.nvfp4_quantize_rows(x, config=c, two_d=True), reference_2d, False),
-        ("columns 16x1 RNE", COLUMNS_CONFIGS,
-         lambda c: kernels.nvfp4_quantize_columns(x, config=c), reference_columns, True),
-        ("columns 16x1 RHT RNE", COLUMNS_CONFIGS,
-         lambda c: kernels.nvfp4_quantize_columns(x, config=c, rht=True), reference_columns_rht, True),
-        ("columns 16x1 RHT SR", COLUMNS_CONFIGS,
-         lambda c: kernels.nvfp4_quantize_columns(x, config=c, rht=True, stochastic=True, seed=1), None, True),
-    ]
-    for name, configs, run, reference, transposed in variants:
-        for config in configs:
-            try:
-                identical = check_identical(run(config), reference, transposed) if reference is not None else None
-                record(name, time_ms(lambda: run(config), **timing), config=list(config), identical=identical)
-            except Exception as error:  # a launch shape that does not compile is reported, not fatal
-                record(name, None, config=list(config), error=f"{type(error).__name__}: {error}")
-
-    # The first pass alone (amax + finalize), for the share of the total; its floor is a read of x.
-    read_floor_ms = x.numel() * x.element_size() / bandwidth * 1e3
-    default_amax = kernels.AMAX_CONFIG
-    for config in AMAX_CONFIGS:
-        kernels.AMAX_CONFIG = config
-        try:
-            milliseconds = time_ms(lambda: kernels._global_scales(x, rht=False), **timing)
-            rows.append({"name": "amax pass only (read floor)", "config": list(config), "ms": milliseconds,
-                         "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,
-                         "bit_identical": None, "error": None})
-        except Exception as error:
-            record("amax pass only (read floor)", None, config=list(config), error=f"{type(error).__name__}: {error}")
-    kernels.AMAX_CONFIG = default_amax
-    milliseconds = time_ms(lambda: kernels._global_scales(x, rht=True), **timing)
-    rows.append({"name": "amax pass with RHT only (read floor)", "config": None, "ms": milliseconds,
-                 "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,
-                 "bit_identical": None, "error": None})
-
-    # --- plain torch reference -----------------------------------------------------------------
-    def reference_fn(tensor):
-        return quantize(tensor, "nvfp4").scaled_values(torch.bfloat16)
-
-    record("torch reference rows 1x16 (eager)", time_ms(lambda: reference_fn(x), iterations=10, warmup=2))
-    if not args.no_compile:
-        try:
-            compiled = torch.compile(reference_fn)
-            record("torch reference rows 1x16 (torch.compile)", time_ms(lambda: compiled(x), **timing))
-        except Exception as error:
-            record("torch reference rows 1x16 (torch.compile)", None, error=f"{type(error).__name__}: {error}")
-
-    # --- report --------------------------------------------------------------------------------
-    best = {}
-    for row in rows:
-        if row["ms"] is not None and (row["name"] not in best or row["ms"] < best[row["name"]]["ms"]):
-            best[row["name"]] = row
-    for row in rows:
-        row["best_for_kernel"] = best.get(row["name"]) is row
+    measured = bench_quantize(args.rows, args.cols, args.dtype, args.iterations, args.warmup,
+                              compile_reference=not args.no_compile)
+    rows, bandwidth, floor_ms = measured["rows"], measured["copy_bandwidth_bytes_per_s"], measured["floor_ms"]
     device = torch.cuda.get_device_name()
     print(f"{device}: {args.rows} x {args.cols} {args.dtype}; copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
           f"floor (read + write bf16 values + scales) {floor_ms * 1e3:.1f} us")
-    print(f"{'kernel':42s} {'config':>10s} {'time us':>9s} {'of copy bw':>10s} {'identical':>9s}")
-    for row in rows:
-        config = "x".join(map(str, row["config"])) if row["config"] else "-"
-        timing_text = f"{row['ms'] * 1e3:9.1f}" if row["ms"] is not None else f"{'error':>9s}"
-        fraction = f"{row['fraction_of_copy_bw']:10.1%}" if row["fraction_of_copy_bw"] else f"{'-':>10s}"
-        identical = {None: "-", True: "yes", False: "NO"}[row["bit_identical"]]
-        marker = " *" if row["best_for_kernel"] else ""
-        print(f"{row['name']:42s} {config:>10s} {timing_text} {fraction} {identical:>9s}{marker}")
-        if row["error"]:
-            print(f"    {row['error'][:300]}")
+    print("\n".join(render(rows)))
     result = {
         "device": device,
         "torch": torch.__version__,

@@ -15,12 +15,9 @@ same at the end of a run).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file from a checkout
-
-from trainer.hf_export import DTYPES, export_checkpoint, load_checkpoint_model  # noqa: E402,F401
+from trainer.hf_export import DTYPES, export_checkpoint
 
 
 def main(argv=None) -> int:

@@ -22,49 +22,28 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parent.parent
-if str(REPOSITORY) not in sys.path:  # run as a file from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPOSITORY))
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
-from hydra.errors import HydraException  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
-
-from data import DataConfig, SourceConfig, build_tokenizer, prepare_source, prepared_directory, validate_data_config  # noqa: E402
-from data.shards import open_split  # noqa: E402
-from trainer.config import CONFIG_DIR, compose  # noqa: E402
-
-TRAIN_LEVEL = ("data.", "data=", "+data", "experiment=", "+experiment=", "~")
-"""Overrides that are passed on as they are; any other key is a DataConfig key (gets `data.`)."""
+from data import DataConfig, SourceConfig, build_tokenizer, prepare_source, prepared_directory, validate_data_config
+from data.shards import open_split
+from trainer.config import compose_data
 
 
 def load_data_config(config: str | None, overrides: list[str], flags: argparse.Namespace | None = None) -> DataConfig:
     """DataConfig from a configs/data name or a yaml path, overrides and flags (errors name the culprit)."""
-    hydra_overrides = [o if o.startswith(TRAIN_LEVEL) else f"data.{o}" for o in overrides]
-    for override in hydra_overrides:
-        if "=" not in override and not override.startswith("~"):
-            raise SystemExit(f"override {override!r} is not key=value")
-    with tempfile.TemporaryDirectory() as own_configs:
-        config_dir = None
-        if config is not None:
-            path = Path(config)
-            if path.suffix in (".yaml", ".yml"):
-                if not path.is_file():
-                    raise SystemExit(f"data config file {path} not found")
-                # A file anywhere becomes a data group option in a folder of one's own configs.
-                (Path(own_configs) / "data").mkdir()
-                shutil.copy(path, Path(own_configs) / "data" / "_from_file.yaml")
-                config, config_dir = "_from_file", own_configs
-            elif not (CONFIG_DIR / "data" / f"{config}.yaml").is_file():
-                available = sorted(p.stem for p in (CONFIG_DIR / "data").glob("*.yaml"))
-                raise SystemExit(f"data config {config!r} not found in {CONFIG_DIR / 'data'}; available: {available}")
-            hydra_overrides.insert(0, f"data={config}")
-        cfg = compose(hydra_overrides, config_dir=config_dir).data
+    try:
+        cfg = compose_data(config, overrides, validate=False)
+    except FileNotFoundError as error:  # a --config that is not there: the available names
+        raise SystemExit(str(error)) from None
+    except ValueError as error:
+        if "is not key=value" in str(error):
+            raise SystemExit(str(error)) from None
+        raise
     if flags is not None:
         apply_flags(cfg, flags)
     validate_data_config(cfg)

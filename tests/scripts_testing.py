@@ -1,21 +1,33 @@
-"""Load a script of scripts/ as a module in tests (scripts/ is not a package)."""
+"""Run a script of scripts/ as a user does: `python scripts/<name>.py ARGS`, in a separate process.
+
+Scripts import the packages plainly (no sys.path edits): a user's `pip install -e .` makes them
+importable; here PYTHONPATH names this checkout, which is what that install amounts to. Tests
+of the logic import the packages (reports, benchmarks, trainer, data); this is for the command
+lines themselves (flags, exit status, what is printed).
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 
-def load_script(name: str):
-    """Import scripts/<name>.py as a module, once per test process."""
-    module_name = f"_script_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, REPOSITORY / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
+class ScriptFailed(SystemExit, Exception):
+    """A script's non-zero exit, carrying its status and the end of its stderr (the error it printed).
+
+    A SystemExit, as the script's own exit was, and an Exception, as the error behind it was."""
+
+
+def run_script(name: str, *arguments, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run scripts/<name>.py with these arguments; a non-zero exit raises ScriptFailed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, str(REPOSITORY / "scripts" / f"{name}.py"), *map(str, arguments)],
+                            cwd=cwd or REPOSITORY, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise ScriptFailed(f"scripts/{name}.py exited with status {result.returncode}:\n{result.stderr[-4000:]}")
+    return result

@@ -250,3 +250,61 @@ def compose(overrides: Sequence[str] = (), config_dir: Optional[str | os.PathLik
         experiments = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")]
         cfg.name = experiments[-1] if experiments else "default"
     return cfg
+
+
+def compose_option(group: str, name_or_path: str | os.PathLike, overrides: Sequence[str] = (),
+                   config_dir: Optional[str | os.PathLike] = None) -> TrainConfig:
+    """``compose`` with one group's option given as a name (``configs/<group>/<name>.yaml``) or a yaml file anywhere.
+
+    A file becomes that group's option in a temporary folder of one's own configs (as
+    ``--config-dir`` would hold it), so it goes through the same schema, defaults and
+    interpolations as a named option. What the tools take as ``--config``/``--precision``.
+    Raises FileNotFoundError naming what was looked for (and, for a name, the available ones).
+    """
+    import shutil
+    import tempfile
+
+    path = Path(name_or_path)
+    with tempfile.TemporaryDirectory() as own_configs:
+        if path.suffix in (".yaml", ".yml"):
+            if config_dir is not None:
+                raise ValueError("compose_option: a yaml file and config_dir cannot be combined")
+            if not path.is_file():
+                raise FileNotFoundError(f"{group} config file {path} not found")
+            (Path(own_configs) / group).mkdir()
+            shutil.copy(path, Path(own_configs) / group / "_from_file.yaml")
+            name, config_dir = "_from_file", own_configs
+        else:
+            name = str(name_or_path)
+            folders = [CONFIG_DIR / group] + ([Path(config_dir) / group] if config_dir is not None else [])
+            if not any((folder / f"{name}.yaml").is_file() for folder in folders):
+                available = sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+                raise FileNotFoundError(f"{group} config {name!r} not found in {CONFIG_DIR / group}; "
+                                        f"available: {available}")
+        return compose([f"{group}={name}", *overrides], config_dir=config_dir)
+
+
+TRAIN_LEVEL_OVERRIDES = ("data.", "data=", "+data", "experiment=", "+experiment=", "~")
+"""Overrides compose_data passes on as they are; any other key is a DataConfig key (gets `data.`)."""
+
+
+def compose_data(config: Optional[str | os.PathLike] = None, overrides: Sequence[str] = (),
+                 validate: bool = True) -> DataConfig:
+    """The DataConfig a training run reads with ``data=<config>`` and these overrides (scripts/prepare_data.py).
+
+    ``config`` is a name under configs/data/ or a yaml file (None: the default, train.yaml's);
+    ``overrides`` are DataConfig keys (``num_proc=3``) or train-level ones (``+experiment=...``,
+    ``data.*``). Raises ValueError for an override that is not key=value, FileNotFoundError for a
+    config that is not there, Hydra's error for an unknown key; with ``validate``, data's own
+    checks run too (``data.validate_data_config``).
+    """
+    from data import validate_data_config
+
+    hydra_overrides = [o if o.startswith(TRAIN_LEVEL_OVERRIDES) else f"data.{o}" for o in overrides]
+    for override in hydra_overrides:
+        if "=" not in override and not override.startswith("~"):
+            raise ValueError(f"override {override!r} is not key=value")
+    cfg = (compose_option("data", config, hydra_overrides) if config is not None else compose(hydra_overrides)).data
+    if validate:
+        validate_data_config(cfg)
+    return cfg

@@ -31,9 +31,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def read_trainer_state(checkpoint: Path) -> dict:
     """trainer_state.json of a complete checkpoint; errors name the directory."""
+    from trainer.checkpoint import STATE_FILE, is_complete  # the trainer's own test of a finished checkpoint
+
     checkpoint = Path(checkpoint)
-    state_file = checkpoint / "trainer_state.json"
-    if not (checkpoint / ".metadata").exists() or not state_file.exists():
+    state_file = checkpoint / STATE_FILE
+    if not is_complete(checkpoint):
         raise FileNotFoundError(f"{checkpoint} is not a complete checkpoint (needs .metadata and trainer_state.json)")
     trainer_state = json.loads(state_file.read_text())
     if "model_config" not in trainer_state:

@@ -1,5 +1,5 @@
-"""scripts/prepare_data.py: one source from flags (files, save_to_disk directories), configs and
-experiments through trainer.config.compose, and clear refusals of what it cannot read."""
+"""scripts/prepare_data.py (run as a user runs it): one source from flags (files, save_to_disk directories),
+configs and experiments through trainer.config.compose_data, and clear refusals of what it cannot read."""
 
 from __future__ import annotations
 
@@ -9,15 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts_testing import load_script
+from scripts_testing import run_script
+from trainer.config import compose_data
 from data_testing import SMALL_CORPUS_MB, SMALL_VOCAB, ascii_documents, shared_builtin_cache, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def script():
-    return load_script("prepare_data")
 
 
 @pytest.fixture(scope="module")
@@ -37,22 +33,22 @@ def _tokens(directory: Path) -> np.ndarray:
                            if s["split"] == "train"])
 
 
-def _prepare(script, *arguments):
-    return script.main(["--no-progress", *map(str, arguments), f"cache_dir={shared_builtin_cache()}"])
+def _prepare(*arguments):
+    return run_script("prepare_data", "--no-progress", *arguments, f"cache_dir={shared_builtin_cache()}").returncode
 
 
-def test_readme_flags_prepare_one_source(script, tokenizer_file, tmp_path):
+def test_readme_flags_prepare_one_source(tokenizer_file, tmp_path):
     texts = ascii_documents(60, seed=1)
     write_jsonl(tmp_path / "corpus" / "part-0.jsonl", texts[:30])
     write_jsonl(tmp_path / "corpus" / "part-1.jsonl", texts[30:])
-    assert _prepare(script, "--source", "files", "--path", tmp_path / "corpus", "--tokenizer", tokenizer_file,
+    assert _prepare("--source", "files", "--path", tmp_path / "corpus", "--tokenizer", tokenizer_file,
                     "--out", tmp_path / "shards", "--num-proc", 1) == 0
     manifest = json.loads((tmp_path / "shards" / "corpus" / "manifest.json").read_text())
     assert manifest["documents"] == 60 and manifest["source"]["format"] == "json"
     assert manifest["tokenizer"]["name"] == tokenizer_file.parent.name
 
 
-def test_a_save_to_disk_directory_is_a_source(script, tokenizer_file, tmp_path):
+def test_a_save_to_disk_directory_is_a_source(tokenizer_file, tmp_path):
     import datasets
 
     texts = ascii_documents(40, seed=2)
@@ -61,9 +57,9 @@ def test_a_save_to_disk_directory_is_a_source(script, tokenizer_file, tmp_path):
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"content": texts[:5]}),
                           "web": datasets.Dataset.from_dict({"content": texts})}).save_to_disk(str(tmp_path / "dict"))
     common = ["--tokenizer", tokenizer_file, "--out", tmp_path / "shards", "--num-proc", 1]
-    assert _prepare(script, "--source", "files", "--path", tmp_path / "saved", "--text-field", "content", *common) == 0
-    assert _prepare(script, "--source", "files", "--path", tmp_path / "as_jsonl", *common) == 0
-    assert _prepare(script, "--source", "files", "--path", tmp_path / "dict", "--text-field", "content", *common,
+    assert _prepare("--source", "files", "--path", tmp_path / "saved", "--text-field", "content", *common) == 0
+    assert _prepare("--source", "files", "--path", tmp_path / "as_jsonl", *common) == 0
+    assert _prepare("--source", "files", "--path", tmp_path / "dict", "--text-field", "content", *common,
                     "--split", "web") == 0
     saved = json.loads((tmp_path / "shards" / "saved" / "manifest.json").read_text())
     assert saved["source"]["format"] == "saved_dataset" and saved["documents"] == 40
@@ -71,38 +67,38 @@ def test_a_save_to_disk_directory_is_a_source(script, tokenizer_file, tmp_path):
     np.testing.assert_array_equal(_tokens(tmp_path / "shards" / "saved"), _tokens(tmp_path / "shards" / "as_jsonl"))
     np.testing.assert_array_equal(_tokens(tmp_path / "shards" / "dict"), _tokens(tmp_path / "shards" / "as_jsonl"))
     with pytest.raises(Exception, match=r"splits \['train', 'web'\], not 'test'"):
-        _prepare(script, "--source", "files", "--path", tmp_path / "dict", "--text-field", "content", *common,
+        _prepare("--source", "files", "--path", tmp_path / "dict", "--text-field", "content", *common,
                  "--name", "dict_test", "--split", "test")
     with pytest.raises(SystemExit, match="as flags"):
-        _prepare(script, "--source", "files", "--path", tmp_path / "dict", *common, "sources.0.split=web")
+        _prepare("--source", "files", "--path", tmp_path / "dict", *common, "sources.0.split=web")
 
 
 @pytest.mark.parametrize("files", [("corpus.bin", "corpus.idx"), ("corpus.csv",)])
-def test_unsupported_inputs_name_the_file_and_the_supported_formats(script, tokenizer_file, tmp_path, files):
+def test_unsupported_inputs_name_the_file_and_the_supported_formats(tokenizer_file, tmp_path, files):
     for name in files:
         (tmp_path / "in" / name).parent.mkdir(exist_ok=True)
         (tmp_path / "in" / name).write_bytes(b"\x00" * 64)
     target = tmp_path / "in" if len(files) > 1 else tmp_path / "in" / files[0]
     with pytest.raises(Exception) as raised:
-        _prepare(script, "--source", "files", "--path", target, "--tokenizer", tokenizer_file, "--out", tmp_path / "o")
+        _prepare("--source", "files", "--path", target, "--tokenizer", tokenizer_file, "--out", tmp_path / "o")
     message = str(raised.value)
     assert files[0] in message and "supported" in message and ".jsonl" in message and "save_to_disk" in message
     if files[0].endswith(".bin"):
         assert "Megatron" in message
 
 
-def test_configs_overrides_and_experiments_compose(script, tmp_path):
-    cfg = script.load_data_config("local_jsonl", [f"sources.0.path={tmp_path}", "num_proc=3"])
+def test_configs_overrides_and_experiments_compose(tmp_path):
+    cfg = compose_data("local_jsonl", [f"sources.0.path={tmp_path}", "num_proc=3"])
     assert (cfg.sources[0].path, cfg.num_proc, cfg.sources[0].kind) == (str(tmp_path), 3, "files")
-    cfg = script.load_data_config(None, ["+experiment=nvfp4_12b", "data.prepared_dir=/fast/shards"])
+    cfg = compose_data(None, ["+experiment=nvfp4_12b", "data.prepared_dir=/fast/shards"])
     assert (cfg.seq_len, cfg.prepared_dir) == (8192, "/fast/shards")  # the experiment's data, as training reads it
     own = tmp_path / "my_data.yaml"
     own.write_text("seq_len: 32\nsources:\n  - name: mine\n    kind: files\n    path: /somewhere\n")
-    cfg = script.load_data_config(str(own), ["validation_fraction=0.5"])
+    cfg = compose_data(str(own), ["validation_fraction=0.5"])
     assert (cfg.seq_len, cfg.sources[0].name, cfg.validation_fraction) == (32, "mine", 0.5)
     with pytest.raises(SystemExit, match="path must be set"):
-        script.main(["--config", "local_jsonl"])
+        run_script("prepare_data", "--config", "local_jsonl")
     with pytest.raises(SystemExit, match="nonexistent"):
-        script.main(["nonexistent_key=1"])
+        run_script("prepare_data", "nonexistent_key=1")
     with pytest.raises(SystemExit, match="available"):
-        script.main(["--config", "no_such_config"])
+        run_script("prepare_data", "--config", "no_such_config")

@@ -7,12 +7,9 @@ import pytest
 import torch
 
 from trainer.loop import train
-from scripts_testing import load_script
+from scripts_testing import run_script
+from trainer.hf_export import load_checkpoint_model
 from trainer_testing import compose_train_config, tiny_overrides
-
-
-def _export_script():
-    return load_script("export_hf")
 
 
 def test_checkpoint_exports_to_transformers_with_the_same_logits(tmp_path, data_cache):
@@ -20,10 +17,9 @@ def test_checkpoint_exports_to_transformers_with_the_same_logits(tmp_path, data_
     cfg = compose_train_config(tiny_overrides(data_cache, steps=2), tmp_path / "run")
     train(cfg)
     checkpoint = tmp_path / "run" / "checkpoints" / "step_00000002"
-    script = _export_script()
-    assert script.main([str(checkpoint), str(tmp_path / "hf"), "--dtype", "float32"]) == 0
+    assert run_script("export_hf", checkpoint, tmp_path / "hf", "--dtype", "float32").returncode == 0
 
-    ours = script.load_checkpoint_model(checkpoint)
+    ours = load_checkpoint_model(checkpoint)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     tokens = torch.randint(0, cfg.model.vocab_size, (2, 64))
     with torch.no_grad():
@@ -41,4 +37,4 @@ def _initial_lm_head(cfg):
 
 def test_export_refuses_an_incomplete_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
-        _export_script().load_checkpoint_model(tmp_path)
+        load_checkpoint_model(tmp_path)

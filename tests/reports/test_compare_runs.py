@@ -1,4 +1,4 @@
-"""scripts/compare_runs.py on synthetic runs whose relative difference is known by construction."""
+"""reports.compare_runs (scripts/compare_runs.py) on synthetic runs whose relative difference is known by construction."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from tools_testing import load_script
-
-compare_runs = load_script("compare_runs")
+from reports import compare_runs
+from scripts_testing import run_script
 
 STEPS = 200
 WARMUP, DECAY_START = 10, 160  # lr rises for 10 steps, is flat until step 160, decays linearly after
@@ -57,7 +56,7 @@ def test_known_relative_difference_in_stable_and_decay_phases(tmp_path, capsys):
     (run_b / "metrics.jsonl").write_text("\n".join(lines[:40] + stale + lines[40:]) + "\n")
 
     out = tmp_path / "plots" / "compare.png"
-    summary = compare_runs.main([str(run_a), str(run_b), "--out", str(out), "--val", "--json", str(tmp_path / "s.json")])
+    summary = compare_runs.compare_runs([run_a, run_b], out=out, val=True, json_path=tmp_path / "s.json")
     printed = capsys.readouterr().out
 
     assert summary["phases"]["decay_start_tokens"] == DECAY_START * TOKENS_PER_STEP
@@ -82,11 +81,10 @@ def test_several_runs_smoothing_and_coarser_grid(tmp_path):
     for smoothing in ("window:5", "ema:0.9"):
         # Smoothing runs on each run's own points, so on different grids B != c A after smoothing;
         # compare on equal grids for the exact check.
-        summary = compare_runs.main([str(run_b), str(run_c), "--smooth", smoothing, "--out", str(tmp_path / "s.png")])
+        summary = compare_runs.compare_runs([run_b, run_c], smoothing=smoothing, out=tmp_path / "s.png")
         (entry,) = summary["metrics"]["loss"]
         assert entry["stable_mean"] == pytest.approx(1.005 / 0.99 - 1, abs=1e-12)
-    summary = compare_runs.main([str(run_a), str(run_b), str(run_c), "--labels", "A", "B", "C",
-                                 "--out", str(tmp_path / "abc.png")])
+    summary = compare_runs.compare_runs([run_a, run_b, run_c], labels=["A", "B", "C"], out=tmp_path / "abc.png")
     by_run = {entry["run"]: entry for entry in summary["metrics"]["loss"]}
     assert by_run["B"]["stable_mean"] == pytest.approx(-0.01, abs=1e-12)
     assert by_run["C"]["decay_mean"] == pytest.approx(0.005, abs=1e-12)
@@ -116,8 +114,7 @@ def test_smoothing_definitions():
 
 def test_decay_start_override_and_runs_without_lr(tmp_path):
     run_a, run_b = write_run(tmp_path / "a", 1.0, 1.0), write_run(tmp_path / "b", 1.01, 1.02)
-    summary = compare_runs.main([str(run_a), str(run_b), "--decay-start-tokens", str(180 * TOKENS_PER_STEP),
-                                 "--out", str(tmp_path / "o.png")])
+    summary = compare_runs.compare_runs([run_a, run_b], decay_start_tokens=180 * TOKENS_PER_STEP, out=tmp_path / "o.png")
     (entry,) = summary["metrics"]["loss"]
     assert entry["decay_mean"] == pytest.approx(0.02, abs=1e-12)  # steps 181..200 are all in B's decay
     # Steps 10..180: 151 at +1% and 20 at +2%.
@@ -126,7 +123,7 @@ def test_decay_start_override_and_runs_without_lr(tmp_path):
         lines = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
         (directory / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "lr"}) + "\n"
                                                          for r in lines))
-    summary = compare_runs.main([str(run_a / "metrics.jsonl"), str(run_b), "--out", str(tmp_path / "p.png")])
+    summary = compare_runs.compare_runs([str(run_a / "metrics.jsonl"), str(run_b)], out=tmp_path / "p.png")
     (entry,) = summary["metrics"]["loss"]
     assert entry["decay_mean"] is None
     assert entry["stable_mean"] == pytest.approx((160 * 0.01 + 40 * 0.02) / 200, abs=1e-12)
@@ -144,7 +141,7 @@ def test_wandb_history_file_is_read(tmp_path):
     run = compare_runs.load_run(str(tmp_path / "b"))
     assert run.records[0]["step"] == 1 and "loss" in run.records[0] and "lr" in run.records[0]
     assert run.records[0]["val_loss"] == pytest.approx(1.1 * loss_at(1))  # the trainer logs val/loss
-    summary = compare_runs.main([str(run_a), str(tmp_path / "b"), "--out", str(tmp_path / "w.png")])
+    summary = compare_runs.compare_runs([str(run_a), str(tmp_path / "b")], out=tmp_path / "w.png")
     assert summary["metrics"]["loss"][0]["stable_mean"] == pytest.approx(0.03, abs=1e-12)
 
 
@@ -154,7 +151,7 @@ def test_bad_runs_fail_naming_the_culprit(tmp_path):
     bad_json.mkdir()
     (bad_json / "metrics.jsonl").write_text('{"step": 1, "tokens": 5, "loss": 3.0}\n{"step": 2, oops\n')
     with pytest.raises(ValueError, match=r"bad_json/metrics.jsonl:2"):
-        compare_runs.main([str(good), str(bad_json), "--out", str(tmp_path / "x.png")])
+        compare_runs.compare_runs([str(good), str(bad_json)], out=tmp_path / "x.png")
     no_tokens = tmp_path / "no_tokens"
     no_tokens.mkdir()
     (no_tokens / "metrics.jsonl").write_text('{"step": 1, "loss": 3.0}\n')
@@ -170,14 +167,14 @@ def test_bad_runs_fail_naming_the_culprit(tmp_path):
     with pytest.raises(ValueError, match="--wandb-online"):
         compare_runs.load_run("wandb:me/project/abc")
     with pytest.raises(SystemExit):
-        compare_runs.main([str(good)])  # one run is nothing to compare
+        run_script("compare_runs", good)  # one run is nothing to compare
 
 
 def test_wandb_report_logs_the_figure_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     run_a, run_b = write_run(tmp_path / "a", 1.0, 1.0), write_run(tmp_path / "b", 1.01, 1.02)
-    summary = compare_runs.main([str(run_a), str(run_b), "--out", str(tmp_path / "report" / "c.png"), "--wandb-report"])
+    summary = compare_runs.compare_runs([str(run_a), str(run_b)], out=tmp_path / "report" / "c.png", wandb_report=True)
     images = list((tmp_path / "report" / "wandb").glob("offline-run-*/files/media/images/compare_runs/*.png"))
     assert len(images) == 1 and images[0].read_bytes()[:8] == PNG_MAGIC
     assert summary["wandb_dir"].startswith(str(tmp_path / "report" / "wandb"))
@@ -187,8 +184,8 @@ def test_noise_band_is_the_seed_twins_difference(tmp_path, capsys):
     write_run(tmp_path / "a", 1.0, 1.0)
     write_run(tmp_path / "b", 1.02, 1.03)
     write_run(tmp_path / "twin", 0.995, 1.004)  # the reference with another seed: 0.5% / 0.4% apart
-    summary = compare_runs.main([str(tmp_path / "a"), str(tmp_path / "b"), "--noise", str(tmp_path / "twin"),
-                                 "--out", str(tmp_path / "plot.png")])
+    summary = compare_runs.compare_runs([str(tmp_path / "a"), str(tmp_path / "b")], noise=str(tmp_path / "twin"),
+                                         out=tmp_path / "plot.png")
     band = summary["noise"]["loss"]
     assert band["stable_mean"] == pytest.approx(0.005, abs=1e-9) and band["decay_mean"] == pytest.approx(0.004, abs=1e-9)
     assert "noise +-" in capsys.readouterr().out

@@ -10,7 +10,7 @@ from models.flops import flops_per_token
 from models.gemms import training_gemms
 from trainer.hardware import GPUS, bf16_peak_flops, detect_gpu
 from trainer.metrics import mfu
-from tools_testing import config_12b
+from model_12b import config_12b
 
 
 def test_mfu_of_the_tiny_config_by_hand():

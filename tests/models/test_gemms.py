@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -10,7 +12,9 @@ from models import build_model
 from models.config import load_model_config
 from models.flops import flops_breakdown, linear_parameters
 from models.gemms import training_gemms
-from tools_testing import PATTERN_12B, REPOSITORY, config_12b
+from model_12b import PATTERN_12B, config_12b
+
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 TOKENS = 8192
 

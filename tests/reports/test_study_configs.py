@@ -9,12 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from models import build_model
 from models.quant.recipe import GEMMS, linear_spec, plan_layers
-from trainer.config import TrainConfig, register_configs
+from trainer.config import TrainConfig, compose
 from trainer.validate import validate_train_config
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -23,10 +21,7 @@ STUDY = yaml.safe_load((REPOSITORY / "results" / "study" / "runs.yaml").read_tex
 
 def compose_run(name: str) -> TrainConfig:
     run = STUDY["runs"][name]
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPOSITORY / "configs"), version_base=None):
-        composed = compose("train", overrides=[f"+experiment={run['experiment']}", *run["overrides"]])
-    return OmegaConf.to_object(composed)
+    return compose([f"+experiment={run['experiment']}", *run["overrides"]])
 
 
 @pytest.fixture(scope="module")

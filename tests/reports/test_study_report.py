@@ -1,15 +1,16 @@
-"""scripts/study_report.py on the committed study results: the table agrees with the JSONL it reads."""
+"""reports.study (scripts/study_report.py) on the committed study results: the table agrees with the JSONL it reads."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tools_testing import REPOSITORY, load_script
+from reports.study import study_report
 
-study_report = load_script("study_report")
+REPOSITORY = Path(__file__).resolve().parents[2]
 RESULTS = REPOSITORY / "results" / "study"
 
 
@@ -20,7 +21,7 @@ def final_val_loss(run: str) -> float:
 
 def test_table_rows_match_the_metrics_and_the_doc(tmp_path):
     study = yaml.safe_load((RESULTS / "runs.yaml").read_text())
-    text = study_report.main(["--images", str(tmp_path)])
+    text = study_report(tmp_path)
     rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
             for line in text.splitlines() if line.startswith("| ") and not line.startswith("| run")}
     completed = [name for name in study["runs"] if (RESULTS / name / "run.json").is_file()]

@@ -1,13 +1,10 @@
-"""Helpers of the tools tests: load a script of scripts/ as a module, the 12B config from DESIGN.md."""
+"""The 12B config written out from DESIGN.md, independent of configs/model/ (the tests of models.gemms,
+MFU and the GEMM report compare the committed config and their numbers with it)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from models.config import ModelConfig
-from scripts_testing import load_script  # noqa: F401  (re-exported for the tools tests)
 
-REPOSITORY = Path(__file__).resolve().parents[2]
 PATTERN_12B = "M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-"
 
 

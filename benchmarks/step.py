@@ -1,0 +1,203 @@
+"""The training-step benchmark (scripts/benchmark.py): one model in several precisions, side by side.
+
+For each precision the model is built exactly as the trainer builds it (build_model_on ->
+apply_precision -> parallelize) and timed with CUDA events (benchmarks.timing) after warm-up:
+
+  fwd+bwd    forward, loss, backward (the quantity Megatron-Core's 196.8 ms BF16 refers to)
+  step       the trainer's step (trainer.loop.train_step: fwd+bwd, gradient clipping, the loss
+             and grad norm read back) + fused AdamW (a full optimizer step)
+
+and, optionally, a per-component breakdown of one profiled fwd+bwd (projections, SSD, conv,
+norms, attention, quantization, loss, other) from the PyTorch profiler's CUDA kernel times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.timing import cuda_times_ms
+from models.flops import flops_per_token
+from models.quant.recipe import apply_precision
+from trainer.config import TrainConfig, compose
+from trainer.distributed import DistEnv, parallelize
+from trainer.hardware import bf16_peak_flops
+from trainer.loop import build_model_on, train_step
+from trainer.optim import build_optimizer
+
+# name -> config overrides. fp8 runs natively through torch._scaled_mm; nvfp4 is emulated on
+# Hopper; nvfp4_te runs through Transformer Engine where the GPU supports it (Blackwell).
+PRECISIONS = {
+    "bf16": ["precision=bf16"],
+    "fp8": ["precision=fp8", "precision.backend=torch"],
+    "nvfp4": ["precision=nvfp4", "precision.backend=emulated"],
+    "nvfp4_te": ["precision=nvfp4", "precision.backend=te"],
+    "fp8_te": ["precision=fp8", "precision.backend=te"],
+}
+# Kernel-name patterns of each component (lower case; first match wins, in this order).
+COMPONENTS = [
+    ("quantization", ("quantize", "quant_", "_fp8_", "nvfp4", "e2m1", "amax", "hadamard", "rht")),
+    ("ssd", ("chunk_scan", "chunk_state", "state_passing", "bmm_chunk", "chunk_cumsum", "ssd")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "softmax_warp")),
+    ("norms", ("rms", "layer_norm", "layernorm", "_norm_")),
+    ("conv", ("conv", "causal")),
+    ("projections (GEMMs)", ("gemm", "cutlass", "xmma", "nvjet", "sm90", "scaled_mm", "matmul", "cublas")),
+    ("loss", ("log_softmax", "cross_entropy", "nll_loss", "logsoftmax")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+]
+
+
+@dataclass
+class StepBenchmark:
+    """What to build and how long to time it (scripts/benchmark.py's flags)."""
+
+    model: str = "slice_12b"
+    seq_len: int = 8192
+    micro_batch: int = 1
+    warmup: int = 3
+    iters: int = 10
+    compile: bool = False
+    activation_checkpoint: str = "none"
+    profile: bool = True
+    override: List[str] = field(default_factory=list)
+
+
+def build_config(precision: str, settings: StepBenchmark) -> TrainConfig:
+    overrides = [
+        f"model={settings.model}", *PRECISIONS[precision], f"data.seq_len={settings.seq_len}",
+        "precision.bf16_layers_at_start=0", "precision.bf16_layers_at_end=0",
+        f"parallel.activation_checkpoint={settings.activation_checkpoint}",
+        f"parallel.compile={str(settings.compile).lower()}", "parallel.fsdp=off", "logging.wandb.mode=disabled",
+    ] + list(settings.override)
+    return compose(overrides)
+
+
+def classify(kernel: str) -> str:
+    name = kernel.lower()
+    for component, patterns in COMPONENTS:
+        if any(p in name for p in patterns):
+            return component
+    return "other (elementwise, copies)"
+
+
+def profile_breakdown(fn) -> Dict[str, float]:
+    """CUDA kernel time per component over one call of fn, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    totals: Dict[str, float] = {}
+    kernels: Dict[str, float] = {}
+    for event in prof.key_averages():
+        if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue  # CPU-side ops: their kernels are counted as kernel events below
+        device_us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+        if device_us <= 0:
+            continue
+        component = classify(event.key)
+        totals[component] = totals.get(component, 0.0) + device_us / 1000
+        kernels[event.key] = kernels.get(event.key, 0.0) + device_us / 1000
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
+    # The aten ops behind the kernels (with input shapes): where copies and elementwise time come from.
+    ops = []
+    for event in prof.key_averages(group_by_input_shape=True):
+        device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if event.key.startswith("aten::") and device_us > 0:
+            ops.append((device_us / 1000, event.count, event.key, str(event.input_shapes)[:160]))
+    ops.sort(key=lambda row: -row[0])
+    return {"components_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
+            "top_kernels_ms": {k[:120]: round(v, 3) for k, v in top},
+            "top_aten_ops": [f"{ms:8.2f} ms x{count:<4} {key} {shapes}" for ms, count, key, shapes in ops[:25]]}
+
+
+def bench_precision(precision: str, settings: StepBenchmark) -> dict:
+    """Build the model in ``precision`` as the trainer does and time fwd+bwd and the full step on CUDA."""
+    cfg = build_config(precision, settings)
+    device = torch.device("cuda")
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=device)
+    torch.cuda.reset_peak_memory_stats()
+    model = build_model_on(cfg, device)
+    plan = apply_precision(model, cfg.precision, device=device)
+    autocast_dtype = parallelize(model, cfg.parallel, env)["autocast_dtype"]
+    autocast = (torch.autocast("cuda", dtype=autocast_dtype) if autocast_dtype is not None
+                else contextlib.nullcontext())
+    optimizer = build_optimizer(model, cfg.optim, device)
+    vocab, seq = cfg.model.vocab_size, cfg.data.seq_len
+    batch = {"inputs": torch.randint(0, vocab, (settings.micro_batch, seq), device=device),
+             "labels": torch.randint(0, vocab, (settings.micro_batch, seq), device=device)}
+
+    def forward_backward():  # train_step's micro-step alone: no clipping, no read-back
+        with autocast:
+            logits = model(batch["inputs"])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten())
+        loss.backward()
+        return loss
+
+    def full_step():
+        train_step(model, optimizer, itertools.repeat(batch), 1, autocast, device, 1.0, lambda: None)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    started = time.time()
+    forward_backward()  # first call: compile, autotune, lazy init
+    optimizer.zero_grad(set_to_none=True)
+    first_call_s = time.time() - started
+    fwd_bwd = cuda_times_ms(lambda: (forward_backward(), optimizer.zero_grad(set_to_none=True)), settings.warmup,
+                            settings.iters, synchronize_each=True)
+    step = cuda_times_ms(full_step, 2, settings.iters, synchronize_each=True)
+    breakdown = profile_breakdown(forward_backward) if settings.profile else {}
+    optimizer.zero_grad(set_to_none=True)
+    tokens = settings.micro_batch * seq
+    flops = flops_per_token(cfg.model, seq) * tokens
+    peak = bf16_peak_flops(device) or 989.4e12
+    median = sorted(fwd_bwd)[len(fwd_bwd) // 2]
+    step_median = sorted(step)[len(step) // 2]
+    result = {
+        "precision": precision,
+        "backend": plan.backend,
+        "fwd_bwd_ms": median,
+        "fwd_bwd_ms_min": min(fwd_bwd),
+        "step_ms": step_median,
+        "tokens_per_s": tokens / (median / 1000),
+        "mfu": flops / (median / 1000) / peak,
+        "step_mfu": flops / (step_median / 1000) / peak,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "model_tflop_per_step": flops / 1e12,
+        "first_call_s": first_call_s,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "plan": plan.summary(),
+        **breakdown,
+    }
+    model = optimizer = plan = batch = None  # freed before the next precision is built
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def render(results: List[dict]) -> str:
+    base = next((r for r in results if r["precision"] == "bf16" and "error" not in r), None)
+    header = (f"{'precision':<10} {'backend':<9} {'fwd+bwd ms':>10} {'step ms':>8} {'tokens/s':>9} {'MFU':>6} "
+              f"{'peak GiB':>8} {'vs bf16':>7}")
+    lines = [header, "-" * len(header)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['precision']:<10} error: {r['error']}")
+            continue
+        ratio = r["fwd_bwd_ms"] / base["fwd_bwd_ms"] if base else float("nan")
+        lines.append(f"{r['precision']:<10} {r['backend']:<9} {r['fwd_bwd_ms']:>10.1f} {r['step_ms']:>8.1f} "
+                     f"{r['tokens_per_s']:>9,.0f} {100 * r['mfu']:>5.1f}% {r['peak_memory_gib']:>8.1f} {ratio:>6.2f}x")
+    for r in results:
+        if r.get("components_ms"):
+            total = sum(r["components_ms"].values())
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in r["components_ms"].items())
+            lines.append(f"  {r['precision']} breakdown (ms of {total:.1f} kernel time): {parts}")
+    return "\n".join(lines)
