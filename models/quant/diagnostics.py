@@ -59,6 +59,7 @@ import torch
 import torch.nn as nn
 
 from models.quant import formats
+from models.quant.format_registry import format_spec
 from models.quant.rht import rht as random_hadamard_transform
 
 DEFAULT_MAX_ELEMENTS = 1 << 20
@@ -72,7 +73,7 @@ _ROW_AMAX_CHUNK = 1 << 22  # elements per chunk when scanning rows for the amax 
 
 # ------------------------------------------------------------------------------------ one tensor
 def _element_max(fmt: str) -> float:
-    return formats.E2M1_MAX if fmt in formats.E2M1_FORMATS else formats.E4M3_MAX
+    return format_spec(fmt).element_max
 
 
 def _row_amax(x2d: torch.Tensor, rht: bool) -> torch.Tensor:
