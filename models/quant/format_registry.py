@@ -23,6 +23,7 @@ Sources of the numbers: TE ``core_nvfp4.cuh`` (NVFP4), OCP MX v1.0 (MXFP4/MXFP8)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
@@ -177,6 +178,11 @@ FORMAT_SPECS: Dict[str, FormatSpec] = {
     )
 }
 """Format name -> its FormatSpec, in the order tables list them."""
+FORMAT_SPECS["mxfp8_wgrad_rht"] = dataclasses.replace(
+    FORMAT_SPECS["mxfp8"], name="mxfp8_wgrad_rht", label="MXFP8 (E4M3, 1x32 E8M0 scales), RHT on Wgrad",
+    operand_format="mxfp8", native={}, te_recipe=None,  # emulated only: TE's MXFP8 recipe has no RHT
+    linear_spec=lambda cfg, **gemms: _builders().mxfp8_linear_spec(wgrad_rht=True, **gemms),
+)
 
 OPERAND_FORMATS = tuple(name for name, spec in FORMAT_SPECS.items() if spec.operand_format is None)
 """Element formats ``formats.quantize`` implements (an OperandSpec's ``fmt``)."""

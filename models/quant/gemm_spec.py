@@ -200,14 +200,18 @@ def mxfp4_linear_spec(
 
 
 def mxfp8_linear_spec(
-    quantize_fprop: bool = True, quantize_dgrad: bool = True, quantize_wgrad: bool = True
+    quantize_fprop: bool = True, quantize_dgrad: bool = True, quantize_wgrad: bool = True, wgrad_rht: bool = False
 ) -> LinearSpec:
-    """MXFP8: every operand 1x32 E4M3 with E8M0 scales, RNE, along each GEMM's reduction dim."""
+    """MXFP8: every operand 1x32 E4M3 with E8M0 scales, RNE, along each GEMM's reduction dim.
+
+    ``wgrad_rht``: both Wgrad operands take the 16x16 RHT along tokens first (recipe mxfp8_wgrad_rht).
+    """
     block = OperandSpec("mxfp8")
+    wgrad_block = OperandSpec("mxfp8", rht=wgrad_rht)
     return LinearSpec(
         fprop=_gemm_or_none(quantize_fprop, block, block),
         dgrad=_gemm_or_none(quantize_dgrad, block, block),
-        wgrad=_gemm_or_none(quantize_wgrad, block, block),
+        wgrad=_gemm_or_none(quantize_wgrad, wgrad_block, wgrad_block),
     )
 
 
