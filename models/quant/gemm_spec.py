@@ -2,12 +2,9 @@
 three GEMMs uses, and the builders of the recipes (what ``models.quant.recipe`` calls through
 ``format_registry.FORMAT_SPECS[fmt].linear_spec``).
 
-The three GEMMs of a linear layer (T tokens = flattened leading dims, K in_features, N out_features),
-each written as A B^T with both operands blocked along the reduction dim:
-
-    Fprop  Y  [T, N] = X   [T, K] . W   [N, K]^T      reduction over K
-    Dgrad  dX [T, K] = dY  [T, N] . W^T [K, N]^T      reduction over N
-    Wgrad  dW [N, K] = dY^T[N, T] . X^T [K, T]^T      reduction over T (tokens)
+Each GEMM is written A B^T with both operands blocked along its reduction dim (T tokens, K in_features,
+N out_features): Fprop X [T, K] . W [N, K]^T; Dgrad dY [T, N] . W^T [K, N]^T; Wgrad dY^T [N, T] . X^T [K, T]^T
+(the table with shapes: models.quant.linear).
 
 The NVFP4 recipe of the paper (TE ``NVFP4BlockScaling``; ``nvfp4_linear_spec()``):
 Fprop X 1x16 RNE, W 16x16 RNE; Dgrad dY 1x16 stochastic, W the very same quantized W as Fprop

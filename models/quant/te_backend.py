@@ -1,7 +1,8 @@
 """Transformer Engine backend: te.Linear modules under te.autocast(recipe=...).
 
 The one import site of Transformer Engine. `recipe_spec` maps our PrecisionConfig to a TE
-recipe class and its arguments as plain data (a pure function, tested without TE):
+recipe class and its arguments as plain data (a pure function, tested without TE), reading the
+format's ``te_recipe`` / ``te_recipe_options`` / ``native["te"]`` in models.quant.format_registry:
 
   nvfp4       NVFP4BlockScaling(disable_rht=not wgrad_rht,
                                 disable_stochastic_rounding=not gradient_stochastic_rounding,
@@ -123,7 +124,24 @@ class TeAutocast:
 
 
 def convert(model: nn.Module, names: List[str], cfg: PrecisionConfig):
-    """Swap the named nn.Linears for te.Linear (same weights) and wrap forward in te.autocast."""
+    """Swap the named nn.Linears for te.Linear (same weights) and wrap forward in te.autocast.
+
+    Why this path is not a ``QuantizedLinear`` and differs from the other backends:
+    - TE's GEMMs, quantizers and workspaces live inside ``te.Linear`` (its forward is TE's own
+      autograd function, driven by the recipe of the enclosing ``te.autocast``), so the layer must
+      be TE's module, not a subclass of ours; the late switch and the step live in ``TeAutocast``.
+    - The weight is copied, not adopted: ``te.Linear`` registers its own Parameter through TE's
+      ``register_parameter`` (with init metadata and tensor-parallel attributes set on the object);
+      swapping in another Parameter object is not something TE documents, and it could not be run
+      against TE here. The copy is made once, before the optimizer and FSDP exist (apply_precision
+      runs right after init), with the same dtype, device and state-dict key ('weight'), so nothing
+      downstream sees a difference beyond a transient second allocation of those weights.
+    - ``model.forward`` is wrapped because TE wants one ``te.autocast`` region around the whole
+      forward (the backward reuses the recipe captured there) and nn.Module has no hook that
+      encloses a forward: a pre-hook/post-hook pair would leave TE's global autocast state entered
+      when the forward raises, and an autocast per layer changes TE's grouping. The wrapper is an
+      instance attribute, so the class, the state dict and ``model.layers`` are untouched.
+    """
     require_te()
     import torch
     import transformer_engine.pytorch as te

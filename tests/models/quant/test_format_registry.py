@@ -6,18 +6,22 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from test_precision_recipe import load_model_yaml
 
 from models import build_model
 from models.quant import formats
 from models.quant import linear as quant_linear
 from models.quant.config import PrecisionConfig
-from models.quant.format_registry import FORMAT_SPECS, OPERAND_FORMATS, RECIPE_FORMATS, format_spec
+from models.quant.format_registry import (
+    FORMAT_SPECS,
+    OPERAND_FORMATS,
+    RECIPE_FORMATS,
+    format_spec,
+)
 from models.quant.gemm_spec import OperandSpec
 from models.quant.linear import QuantLinear
 from models.quant.recipe import apply_precision, resolve_backend
 from models.quant.rht import rht
-
-from test_precision_recipe import load_model_yaml
 
 
 def test_every_recipe_format_builds_a_spec_whose_operands_are_registered_formats():
