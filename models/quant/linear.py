@@ -1,4 +1,4 @@
-"""Quantized linear layer: Y = X W^T with each of its three GEMMs quantized as a LinearSpec says.
+"""The emulated quantized linear layer (QuantLinear): Y = X W^T with each GEMM quantized as a LinearSpec says.
 
 The three GEMMs of a linear layer (T tokens = flattened leading dims, K in_features, N out_features),
 each written as A B^T with both operands blocked along the reduction dim:
