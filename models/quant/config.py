@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-FORMATS = ("bf16", "nvfp4", "mxfp4", "mxfp8", "fp8_block", "fp8_tensor")
-BACKENDS = ("auto", "te", "torch", "emulated")
+# The formats and backends a recipe may name: models.quant.format_registry (RECIPE_FORMATS, BACKENDS).
 
 
 @dataclass

@@ -29,7 +29,7 @@ nvfp4 / fp8_tensor is the one the full tensor gets; per-block numbers on the sam
 for the sampled blocks, and rel_error / shares are estimates over them.
 
 Per layer: ``DiagnosticsRecorder`` registers forward hooks on the quantized linear modules (those
-with a ``spec`` that quantizes something: models.quant.linear.QuantLinear and the torch FP8 linear)
+that quantize something: models.quant.quantized_linear.QuantizedLinear, emulated or torch FP8)
 and, while armed, keeps a small sample of each module's input X and output gradient dY (whole groups
 of 128 tokens, the group with the largest |value| included). ``collect_layer_diagnostics`` then
 measures, per GEMM the layer's spec quantizes, both operands in the orientation and with the tile,
@@ -59,6 +59,8 @@ import torch
 import torch.nn as nn
 
 from models.quant import formats
+from models.quant.format_registry import format_spec
+from models.quant.quantized_linear import QuantizedLinear
 from models.quant.rht import rht as random_hadamard_transform
 
 DEFAULT_MAX_ELEMENTS = 1 << 20
@@ -72,7 +74,7 @@ _ROW_AMAX_CHUNK = 1 << 22  # elements per chunk when scanning rows for the amax 
 
 # ------------------------------------------------------------------------------------ one tensor
 def _element_max(fmt: str) -> float:
-    return formats.E2M1_MAX if fmt in formats.E2M1_FORMATS else formats.E4M3_MAX
+    return format_spec(fmt).element_max
 
 
 def _row_amax(x2d: torch.Tensor, rht: bool) -> torch.Tensor:
@@ -218,11 +220,10 @@ def quantization_diagnostics(
 
 # ------------------------------------------------------------------------------------ per layer
 def quantized_spec(module: nn.Module):
-    """The module's LinearSpec if it quantizes any GEMM (QuantLinear, the torch FP8 linear), else None."""
-    spec = getattr(module, "spec", None)
-    if spec is None or not getattr(spec, "quantized", False) or not hasattr(module, "weight"):
+    """The module's LinearSpec if it is a QuantizedLinear (emulated or torch FP8) that quantizes a GEMM, else None."""
+    if not isinstance(module, QuantizedLinear) or not module.spec.quantized:
         return None
-    return spec
+    return module.spec
 
 
 _WRAPPER_PARTS = ("_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module", "module")

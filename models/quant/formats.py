@@ -87,29 +87,19 @@ from typing import Optional, Tuple
 
 import torch
 
-FORMATS = ("nvfp4", "mxfp4", "mxfp8", "fp8_block", "fp8_tensor")
-ROUNDINGS = ("nearest", "stochastic")
+from models.quant.format_registry import (  # noqa: F401 - re-exported: formats.resolve_tile etc.
+    E2M1_FORMATS,
+    E2M1_MAX,
+    E4M3_MAX,
+    OPERAND_FORMATS,
+    ROUNDINGS,
+    resolve_tile,
+)
 
-# Tiles as (rows, cols); None is one scale for the whole tensor.
-DEFAULT_TILES = {
-    "nvfp4": (1, 16),
-    "mxfp4": (1, 32),
-    "mxfp8": (1, 32),
-    "fp8_block": (1, 128),
-    "fp8_tensor": None,
-}
-ALLOWED_TILES = {
-    "nvfp4": ((1, 16), (16, 16)),
-    "mxfp4": ((1, 32),),
-    "mxfp8": ((1, 32),),
-    "fp8_block": ((1, 128), (128, 128)),
-    "fp8_tensor": (None,),
-}
-# Formats whose elements are E2M1 (the others are E4M3).
-E2M1_FORMATS = ("nvfp4", "mxfp4")
+# The formats' facts (tiles, element kind and max, roundings) live in models.quant.format_registry.
+FORMATS = OPERAND_FORMATS
+"""The element formats this module quantizes."""
 
-E2M1_MAX = 6.0
-E4M3_MAX = 448.0
 FLT_MAX = torch.finfo(torch.float32).max
 # E2M1 magnitudes by code (bits s e e m: code & 7 indexes this table, code & 8 is the sign).
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -126,16 +116,28 @@ def _fp32(value: float, device) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32, device=device)
 
 
-def resolve_tile(fmt: str, tile) -> Optional[Tuple[int, int]]:
-    """The tile a format uses: the default when ``tile`` is None; ValueError if not allowed."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+def _blocking_problem(shape, tile) -> Optional[str]:
+    """Which dim of ``shape`` does not divide into ``tile``: 'rank', 'empty', 'last', 'leading'; None if all do."""
+    if len(shape) == 0:
+        return "rank"
+    cols = shape[-1]
+    rows = 1
+    for dim in shape[:-1]:
+        rows *= dim
+    if rows * cols == 0:
+        return "empty"
     if tile is None:
-        return DEFAULT_TILES[fmt]
-    tile = tuple(int(t) for t in tile)
-    if tile not in ALLOWED_TILES[fmt]:
-        raise ValueError(f"format {fmt!r} does not support tile {tile}; allowed: {ALLOWED_TILES[fmt]}")
-    return tile
+        return None
+    if cols % tile[1] != 0:
+        return "last"
+    if rows % tile[0] != 0:
+        return "leading"
+    return None
+
+
+def blockable(shape, fmt: str, tile) -> bool:
+    """Whether ``shape`` divides into ``fmt`` tiles (``check_blockable`` without building a message)."""
+    return _blocking_problem(tuple(shape), resolve_tile(fmt, tile)) is None
 
 
 def check_blockable(
@@ -145,33 +147,33 @@ def check_blockable(
 
     Blocks run along the last dim; a 2D tile also needs the flattened leading dims to divide.
     ``dim_names`` (leading, last), e.g. ("out_features", "tokens"), label the dims in the message.
+    The message is formatted only on failure (torch.compile then never reads ``name``).
     """
     tile = resolve_tile(fmt, tile)
-    where = f"{name}: " if name else ""
-    leading_label = f" ({dim_names[0]})" if dim_names else ""
-    last_label = f" ({dim_names[1]})" if dim_names else ""
     shape = tuple(shape)
-    if len(shape) == 0:
+    problem = _blocking_problem(shape, tile)
+    if problem is None:
+        return
+    where = f"{name}: " if name else ""
+    if problem == "rank":
         raise ValueError(f"{where}cannot quantize a 0-dim tensor to {fmt}")
-    cols = shape[-1]
+    if problem == "empty":
+        raise ValueError(f"{where}cannot quantize an empty tensor of shape {list(shape)} to {fmt}")
     rows = 1
     for dim in shape[:-1]:
         rows *= dim
-    if rows * cols == 0:
-        raise ValueError(f"{where}cannot quantize an empty tensor of shape {list(shape)} to {fmt}")
-    if tile is None:
-        return
-    if cols % tile[1] != 0:
+    if problem == "last":
+        last_label = f" ({dim_names[1]})" if dim_names else ""
         raise ValueError(
-            f"{where}last dim{last_label} {cols} (shape {list(shape)}) is not a multiple of the {fmt} block "
+            f"{where}last dim{last_label} {shape[-1]} (shape {list(shape)}) is not a multiple of the {fmt} block "
             f"length {tile[1]} (tile {tile[0]}x{tile[1]}); nothing is padded: change the size or keep "
             f"this tensor in high precision"
         )
-    if rows % tile[0] != 0:
-        raise ValueError(
-            f"{where}leading dim{leading_label} {rows} (shape {list(shape)}, leading dims flattened) is not a multiple "
-            f"of the {fmt} tile height {tile[0]} (tile {tile[0]}x{tile[1]}); nothing is padded"
-        )
+    leading_label = f" ({dim_names[0]})" if dim_names else ""
+    raise ValueError(
+        f"{where}leading dim{leading_label} {rows} (shape {list(shape)}, leading dims flattened) is not a multiple "
+        f"of the {fmt} tile height {tile[0]} (tile {tile[0]}x{tile[1]}); nothing is padded"
+    )
 
 
 @dataclass
@@ -585,7 +587,7 @@ def quantize(
 ) -> QuantizedTensor:
     """Quantize ``x`` (fp32/bf16/fp16, any shape, blocks along the last dim) to ``fmt``.
 
-    ``tile``: None for the format's default, else one of ``ALLOWED_TILES[fmt]``.
+    ``tile``: None for the format's default, else one of its ``FormatSpec.allowed_tiles`` (format_registry).
     ``rounding``: "nearest" (RNE) or "stochastic" (E2M1 formats; uniforms from ``generator``,
     torch's global RNG when None). ``power_of_two_scales``: fp8_block only. ``name`` (e.g. the
     layer) prefixes shape errors.

@@ -38,33 +38,23 @@ cast (its interpreter, for one, mis-rounds carries into the next binade); launch
 ``models.quant.fp8_torch.quantize_reference`` is the plain-torch reference; the GPU tests check bit
 identity on fresh inputs (and the Triton interpreter, TRITON_INTERPRET=1, runs the kernel on CPU).
 
-Triton is imported only through ``models.quant.kernels`` (the one import site in models.quant);
-its switch ``kernels.use_triton(False)`` also turns this kernel off.
+Triton is imported only through ``models.quant.triton_common`` (the one import site in
+models.quant, also home of the E4M3 rounding shared with the NVFP4 kernels); its switch
+``use_triton(False)`` (re-exported as ``kernels.use_triton``) also turns this kernel off.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
 import torch
 
-from models.quant import kernels as _triton_site
-
-triton = _triton_site.triton
-tl = _triton_site.tl
+from models.quant.triton_common import INSTALL_HINT, INTERPRETING, enabled, tl, triton
 
 BLOCK = 128
-# Triton's interpreter (TRITON_INTERPRET=1) runs the kernel on CPU tensors: slow, for debugging.
-_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 NUM_WARPS = 8
 """Warps per 128x128 tile program (scripts/bench_fp8_linear.py times 4, 8 and 16)."""
-
-
-def enabled() -> bool:
-    """Whether the fused kernel may run (Triton imported and the models.quant switch on)."""
-    return _triton_site.enabled()
 
 
 def supports(x: torch.Tensor) -> bool:
@@ -77,14 +67,7 @@ def round_up(value: int, multiple: int) -> int:
 
 
 if triton is not None:
-
-    @triton.jit
-    def _nan_fp32():
-        return tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _inf_fp32():
-        return tl.full([], 0x7F800000, tl.int32).to(tl.float32, bitcast=True)
+    from models.quant.triton_common import abs_nan_to_inf, e4m3_round, nan_fp32
 
     @triton.jit
     def _scale_and_decode(amax, value_for_inf, POWER_OF_TWO: tl.constexpr):
@@ -96,27 +79,13 @@ if triton is not None:
         if POWER_OF_TWO:
             scale = (scale.to(tl.int32, bitcast=True) & -8388608).to(tl.float32, bitcast=True)
         decode = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), scale)
-        decode = tl.where(amax > flt_max, _nan_fp32(), decode)
+        decode = tl.where(amax > flt_max, nan_fp32(), decode)
         return scale, decode
 
     @triton.jit
     def _e4m3_code(value):
-        """uint8 E4M3 code of fp32 value: saturate to +-448 (NaN kept), round half to even, sign kept.
-
-        RNE to 3 mantissa bits by (|v| + C) - C with C = 2^(e + 20) for |v| in [2^e, 2^(e+1)) (fp32's
-        quantum at C is E4M3's at |v|), C = 2^14 in E4M3's subnormal range (quantum 2^-9); a carry
-        into the next binade comes out right because the code is assembled from the rounded value.
-        """
-        magnitude = tl.abs(value)
-        magnitude = tl.where(magnitude > 448.0, 448.0, magnitude)
-        biased_exponent = (magnitude.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        magic = (tl.maximum(biased_exponent + 20, 141) << 23).to(tl.float32, bitcast=True)
-        rounded = (magnitude + magic) - magic
-        bits = rounded.to(tl.int32, bitcast=True)
-        normal = ((((bits >> 23) & 0xFF) - 120) << 3) | ((bits >> 20) & 7)
-        subnormal = (rounded * 512.0).to(tl.int32)
-        code = tl.where(rounded >= 0.015625, normal, subnormal)
-        code = tl.where(magnitude == magnitude, code, 0x7F)
+        """uint8 E4M3 code of fp32 value: saturate to +-448 (NaN kept), round half to even, sign kept."""
+        _, code = e4m3_round(tl.abs(value))
         sign = (value.to(tl.int32, bitcast=True) >> 24) & 0x80
         return (code | sign).to(tl.uint8)
 
@@ -144,8 +113,7 @@ if triton is not None:
             x = tl.load(x_ptr + x_offsets, mask=row_valid[:, None], other=0.0).to(tl.float32)
         else:
             x = tl.load(x_ptr + x_offsets).to(tl.float32)
-        magnitude = tl.abs(x)
-        magnitude = tl.where(magnitude == magnitude, magnitude, _inf_fp32())  # NaN -> +Inf: never lost by max
+        magnitude = abs_nan_to_inf(x)  # NaN -> +Inf: never lost by max
 
         if TILE_2D:
             amax = tl.max(tl.max(magnitude, axis=1), axis=0)
@@ -212,8 +180,8 @@ def fp8_block_quantize(
     """
     where = f"{name}: " if name else ""
     if triton is None:
-        raise RuntimeError(f"{where}fp8_block_quantize needs Triton; {_triton_site.INSTALL_HINT}")
-    if not (x.is_cuda or _INTERPRETING) or x.ndim != 2 or x.dtype not in KERNEL_INPUT_DTYPES:
+        raise RuntimeError(f"{where}fp8_block_quantize needs Triton; {INSTALL_HINT}")
+    if not (x.is_cuda or INTERPRETING) or x.ndim != 2 or x.dtype not in KERNEL_INPUT_DTYPES:
         raise ValueError(f"{where}fp8_block_quantize takes a 2D CUDA tensor of {KERNEL_INPUT_DTYPES}, "
                          f"got {x.dtype} {list(x.shape)} on {x.device}")
     if not (rows or columns):

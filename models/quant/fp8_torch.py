@@ -54,28 +54,18 @@ PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` and ``test/test_scaled_matm
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from models.quant import fp8_kernels
+from models.quant import formats, fp8_kernels
 from models.quant.fp8_kernels import BLOCK, round_up
-from models.quant.linear import (
-    GEMMS,
-    GemmSpec,
-    LinearSpec,
-    OperandSpec,
-    adopt_linear_parameters,
-    check_linear_shapes,
-    fp8_block_linear_spec,
-)
+from models.quant.format_registry import GEMMS
+from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, fp8_block_linear_spec
+from models.quant.quantized_linear import QuantizedLinear, high_precision_gemm
 
-E4M3_MAX = 448.0
-FLT_MAX = torch.finfo(torch.float32).max
 KINDS = ("1x128", "128x128", "tensor")
 # (A kind, B kind) pairs a native GEMM takes: cuBLASLt's blockwise combinations, and per tensor.
 SUPPORTED_PAIRS = (("1x128", "128x128"), ("1x128", "1x128"), ("128x128", "1x128"), ("tensor", "tensor"))
@@ -188,49 +178,26 @@ def gemm_layout_scales(natural: torch.Tensor, kind: str) -> torch.Tensor:
     raise ValueError(f"unknown operand kind {kind!r}; expected one of {KINDS}")
 
 
-def _codes_and_decode(matrix: torch.Tensor, block_shape: Optional[Tuple[int, int]], power_of_two: bool,
-                      value_for_inf: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """E4M3 codes [R, C] and decode scales [R/br, C/bc] of matrix [R, C] (block None: the whole tensor)."""
-    rows, cols = matrix.shape
-    values = matrix.float().contiguous()  # codes come out row-major, as the GEMM takes them
-    if block_shape is None:
-        blocked = values.reshape(1, rows, 1, cols)
-    else:
-        blocked = values.reshape(rows // block_shape[0], block_shape[0], cols // block_shape[1], block_shape[1])
-    amax = blocked.abs().amax(dim=(1, 3), keepdim=True)  # NaN in a block gives NaN
-    finite = torch.isfinite(amax)
-    scale = torch.full_like(amax, E4M3_MAX) / amax
-    scale = torch.where(torch.isinf(scale), value_for_inf, scale)
-    scale = torch.where((amax == 0) | ~finite, 1.0, scale)
-    if power_of_two:
-        # scale = m * 2^e with m in [0.5, 1): the power of two at or below it is 2^(e - 1), built
-        # from its exponent bits (scale is a normal fp32 number here, so e - 1 + 127 is in 1..254).
-        _, exponent = torch.frexp(scale)
-        scale = ((exponent + 126).to(torch.int32) << 23).view(torch.float32)
-    decode = torch.full_like(scale, 1.0) / scale
-    decode = torch.where(finite, decode, float("nan"))
-    codes = (blocked * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return codes.reshape(rows, cols), decode[:, 0, :, 0]
-
-
 def quantize_reference(tensor: torch.Tensor, kind: str, *, power_of_two_scales: bool = True,
                        transpose: bool = False) -> Fp8Operand:
     """The plain-torch quantizer (any device): operand ``tensor.t() if transpose else tensor``.
 
     kind "1x128" / "128x128": fp8_block with that tile along the operand's last dim; "tensor":
-    fp8_tensor (power_of_two_scales ignored, as in formats). Same codes and scales as
-    ``formats.quantize``; the fused Triton kernel is tested bit-identical against this.
+    fp8_tensor (power_of_two_scales ignored, as in formats). ``formats.quantize`` itself (the one
+    torch implementation of blockwise FP8), its codes made row-major and its decode scales laid out
+    for the GEMM; the fused Triton kernel is tested bit-identical against this.
     """
-    matrix = tensor.t() if transpose else tensor
-    if kind == "tensor":
-        codes, decode = _codes_and_decode(matrix, None, False, FLT_MAX)
-    elif kind in ("1x128", "128x128"):
-        block_shape = (1, BLOCK) if kind == "1x128" else (BLOCK, BLOCK)
-        codes, decode = _codes_and_decode(matrix, block_shape, power_of_two_scales,
-                                          float(torch.finfo(tensor.dtype).max))
-    else:
+    if kind not in KINDS:
         raise ValueError(f"unknown operand kind {kind!r}; expected one of {KINDS}")
-    return Fp8Operand(codes, gemm_layout_scales(decode, kind), kind)
+    matrix = (tensor.t() if transpose else tensor).contiguous()  # codes come out row-major, as the GEMM takes them
+    if kind == "tensor":
+        quantized = formats.quantize(matrix, "fp8_tensor")
+        decode = quantized.tensor_scale
+    else:
+        tile = (1, BLOCK) if kind == "1x128" else (BLOCK, BLOCK)
+        quantized = formats.quantize(matrix, "fp8_block", tile=tile, power_of_two_scales=power_of_two_scales)
+        decode = quantized.block_scales
+    return Fp8Operand(quantized.codes, gemm_layout_scales(decode, kind), kind)
 
 
 def operand_kind(spec: OperandSpec, where: str = "") -> str:
@@ -312,11 +279,6 @@ def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype) -> torch.Tens
                        output_dtype=out_dtype)
 
 
-def _high_precision_gemm(a: torch.Tensor, b: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-    """a [M, R] times b [N, R]^T in the compute dtype, as nn.Linear (under autocast) and the emulated path."""
-    return a.to(compute_dtype) @ b.to(compute_dtype).t()
-
-
 # ----------------------------------------------------------------------------------------------
 # The layer
 
@@ -339,7 +301,7 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
             w_op, w_t_op = quantize_operands(weight, spec.fprop.b if spec.fprop else None, dgrad.b if dgrad else None,
                                              name=f"{name} (W)")
             if spec.fprop is None:
-                out = _high_precision_gemm(x2, weight, compute_dtype)
+                out = high_precision_gemm(x2, weight, compute_dtype)
             else:
                 out = fp8_gemm(x_op, w_op, compute_dtype)
         ctx.spec, ctx.name, ctx.compute_dtype = spec, name, compute_dtype
@@ -372,45 +334,29 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
                                                name=f"{name} (dY)")
             if needs_dgrad:
                 if dgrad is None:
-                    grad_x = _high_precision_gemm(dy, weight.t(), compute_dtype)
+                    grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
                 else:
                     grad_x = fp8_gemm(dy_op, Fp8Operand(w_t_data, w_t_scale, w_t_kind), compute_dtype)
                 grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
             if needs_wgrad:
                 if wgrad is None:
-                    grad_weight = _high_precision_gemm(dy.t(), x2.t(), compute_dtype)
+                    grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
                 else:
                     grad_weight = fp8_gemm(dy_t_op, Fp8Operand(x_t_data, x_t_scale, x_t_kind), compute_dtype)
                 grad_weight = grad_weight.to(ctx.weight_dtype)
         return grad_x, grad_weight, None, None, None, None
 
 
-class TorchFp8Linear(nn.Linear):
-    """nn.Linear whose quantized GEMMs run as native FP8 GEMMs (same parameters and state-dict keys).
+class TorchFp8Linear(QuantizedLinear):
+    """The native FP8 backend: quantized GEMMs as FP8 GEMMs (same parameters and state-dict keys).
 
     ``spec`` is the emulated path's LinearSpec (``fp8_block_linear_spec`` / ``fp8_tensor_linear_spec``;
-    its ``backend`` field is not read); a GEMM set to None runs in the compute dtype. ``name`` (the
-    fully qualified module name) appears in every error. The compute dtype is autocast's when
-    autocast is on, else the input's, as in QuantLinear.
+    its ``backend`` field is not read), checked on assignment (``check_spec``); a GEMM set to None runs
+    in the compute dtype. FP8 rounds to nearest: nothing here draws random numbers.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
-                 spec: Optional[LinearSpec] = None, name: str = ""):
-        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.name = name
-        self.spec = spec if spec is not None else fp8_block_linear_spec()
-        self.step = 0
-        self.seed = 0
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, name: str = "") -> "TorchFp8Linear":
-        """Wrap an existing nn.Linear, keeping the very same Parameter objects (no copy)."""
-        module = adopt_linear_parameters(cls, linear)
-        module.name = name
-        module.spec = spec
-        module.step = 0
-        module.seed = 0
-        return module
+    def default_spec(self) -> LinearSpec:
+        return fp8_block_linear_spec()
 
     @property
     def spec(self) -> LinearSpec:
@@ -421,38 +367,21 @@ class TorchFp8Linear(nn.Linear):
         check_spec(spec, self.name)
         self._spec = spec
 
-    def set_high_precision(self, gemms: Iterable[str] = GEMMS) -> None:
-        """Late switch (paper, App. D): run these GEMMs ('fprop', 'dgrad', 'wgrad') in the compute dtype."""
-        gemms = tuple(gemms)
-        unknown = [gemm for gemm in gemms if gemm not in GEMMS]
-        if unknown:
-            raise ValueError(f"layer {self.name!r}: unknown GEMMs {unknown}; expected a subset of {GEMMS}")
-        self.spec = dataclasses.replace(self.spec, **{gemm: None for gemm in gemms})
-
-    def set_step(self, step: int) -> None:
-        """Recorded only: FP8 rounds to nearest, nothing here depends on the step."""
-        self.step = int(step)
-
-    def set_seed(self, seed: int) -> None:
-        """Recorded only: FP8 rounds to nearest, nothing here draws random numbers."""
-        self.seed = int(seed)
-
-    def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
-        """The GEMM dtype: autocast's when autocast is on for x's device, else x's dtype."""
-        if torch.is_autocast_enabled(x.device.type):
-            return torch.get_autocast_dtype(x.device.type)
-        return x.dtype
-
-    def _check_shapes(self, tokens: int, grad_enabled: bool, x_requires_grad: bool) -> LinearSpec:
-        """The GEMMs that will run; ValueError naming the layer if an operand does not fit them."""
+    def gemms_to_check(self, x: torch.Tensor) -> LinearSpec:
+        """The GEMMs that will run: Dgrad and Wgrad only when their gradients are wanted."""
+        grad_enabled = torch.is_grad_enabled()
         spec = self.spec
-        running = LinearSpec(
+        return LinearSpec(
             fprop=spec.fprop,
-            dgrad=spec.dgrad if grad_enabled and x_requires_grad else None,
+            dgrad=spec.dgrad if grad_enabled and x.requires_grad else None,
             wgrad=spec.wgrad if grad_enabled and self.weight.requires_grad else None,
         )
-        check_linear_shapes(running, tokens, self.in_features, self.out_features, self.name)
+
+    def check_input(self, x: torch.Tensor) -> None:
+        super().check_input(x)
         # Per-tensor FP8 GEMMs (torch._scaled_mm) need every dim but the output rows to divide by 16.
+        tokens = x.numel() // self.in_features
+        running = self.gemms_to_check(x)
         dims = {"fprop": (("in_features", self.in_features), ("out_features", self.out_features)),
                 "dgrad": (("out_features", self.out_features), ("in_features", self.in_features)),
                 "wgrad": (("tokens", tokens), ("in_features", self.in_features))}
@@ -464,30 +393,17 @@ class TorchFp8Linear(nn.Linear):
                 if size % 16:
                     raise ValueError(f"layer {self.name!r} ({gemm.capitalize()}, fp8_tensor): {dim_name} {size} is not a "
                                      "multiple of 16, which torch._scaled_mm needs; nothing is padded")
-        return running
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.spec.quantized:
-            return F.linear(x, self.weight, self.bias)
-        return self._forward_fp8(x)
 
     @torch.compiler.disable
-    def _forward_fp8(self, x: torch.Tensor) -> torch.Tensor:
+    def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
         # A graph break under torch.compile: the GEMMs are cuBLAS calls and each operand's
-        # quantization is one hand-fused kernel already; tracing the scaled-mm enums, the Triton
-        # launches and the checks below would buy little and risk much.
-        spec = self.spec
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"layer {self.name!r}: input last dim {x.shape[-1]} != in_features {self.in_features}")
-        grad_enabled = torch.is_grad_enabled()
-        running = self._check_shapes(x.numel() // self.in_features, grad_enabled, x.requires_grad)
+        # quantization is one hand-fused kernel already; tracing the scaled-mm enums and the Triton
+        # launches would buy little and risk much.
+        running = self.gemms_to_check(x)
         kinds = [operand_kind(operand) for gemm in GEMMS if getattr(running, gemm) is not None
                  for operand in (getattr(running, gemm).a, getattr(running, gemm).b)]
         check_native_support(x.device, kinds, self.name)
-        out = _TorchFp8LinearFunction.apply(x, self.weight, spec, self.name, self.compute_dtype(x), grad_enabled)
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
-        return out
+        return _TorchFp8LinearFunction.apply(x, self.weight, self.spec, self.name, compute_dtype, torch.is_grad_enabled())
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, name={self.name!r}, native FP8, spec=({self.spec.describe()})"
+        return f"{super().extra_repr()}, native FP8"

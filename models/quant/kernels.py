@@ -35,54 +35,28 @@ and ``has_triton()`` is False.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-try:  # the one import site of Triton in models.quant
-    import triton
-    import triton.language as tl
-
-    _TRITON_IMPORT_ERROR: Optional[BaseException] = None
-except (ImportError, RuntimeError, OSError) as error:  # pragma: no cover - depends on the machine
-    triton = None
-    tl = None
-    _TRITON_IMPORT_ERROR = error
-
-_ENABLED = os.environ.get("MODELS_QUANT_TRITON", "1") != "0"
-# Triton's interpreter (TRITON_INTERPRET=1) runs these kernels on CPU tensors: slow, for debugging.
-_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+from models.quant.triton_common import (  # noqa: F401 - has_triton, use_triton, INSTALL_HINT: kernels' API
+    INSTALL_HINT,
+    INTERPRETING,
+    enabled,
+    has_triton,
+    require_triton,
+    tl,
+    triton,
+    use_triton,
+)
 
 KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float32)
-INSTALL_HINT = "pip install triton (or the project's 'gpu' extra: pip install -e .[gpu])"
-
-
-def has_triton() -> bool:
-    """Whether Triton imported (the fast path also needs a CUDA tensor)."""
-    return triton is not None
-
-
-def use_triton(enabled: bool) -> None:
-    """The one switch: False forces the torch reference everywhere (tests flip it)."""
-    global _ENABLED
-    _ENABLED = bool(enabled)
-
-
-def enabled() -> bool:
-    """Whether the fast path is switched on and available."""
-    return _ENABLED and has_triton()
 
 
 def supports(x: torch.Tensor) -> bool:
     """Whether the kernels can take ``x`` (switched on, Triton present, CUDA, bf16/fp32, 2D)."""
     return enabled() and x.is_cuda and x.dtype in KERNEL_INPUT_DTYPES and x.ndim == 2
-
-
-def _require_triton() -> None:
-    if triton is None:
-        raise RuntimeError(f"models.quant.kernels needs Triton ({_TRITON_IMPORT_ERROR}); {INSTALL_HINT}")
 
 
 @dataclass
@@ -107,20 +81,8 @@ class KernelQuantized:
 # 3.4028234663852886e38 = FLT_MAX, 0.015625 = 2^-6 (smallest normal E4M3).
 
 if triton is not None:
-
-    @triton.jit
-    def _nan():
-        return tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _inf():
-        return tl.full([], 0x7F800000, tl.int32).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _abs_nan_to_inf(x):
-        """|x| with NaN mapped to +Inf, so max-reductions cannot lose a NaN."""
-        magnitude = tl.abs(x)
-        return tl.where(magnitude == magnitude, magnitude, _inf())
+    from models.quant.triton_common import abs_nan_to_inf as _abs_nan_to_inf
+    from models.quant.triton_common import e4m3_round, nan_fp32
 
     @triton.jit
     def _round_to_bf16(y):
@@ -227,7 +189,7 @@ if triton is not None:
         encode = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)
         encode = tl.where(encode > 3.4028234663852886e38, 3.4028234663852886e38, encode)
         encode = tl.where((amax == 0.0) | (encode == 0.0), 1.0, encode)
-        encode = tl.where(amax <= 3.4028234663852886e38, encode, _nan())
+        encode = tl.where(amax <= 3.4028234663852886e38, encode, nan_fp32())
         decode = tl.math.div_rn(tl.full([], 1.0, tl.float32), encode)
         tl.store(global_ptr, encode)
         tl.store(global_ptr + 1, decode)
@@ -235,16 +197,7 @@ if triton is not None:
     @triton.jit
     def _e4m3_scale(value):
         """E4M3 RNE of value >= 0 (or NaN), saturating at 448: (fp32 value, uint8 code)."""
-        value = tl.where(value > 448.0, 448.0, value)
-        biased_exponent = (value.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        magic_exponent = tl.maximum(biased_exponent + 20, 141)
-        magic = (magic_exponent << 23).to(tl.float32, bitcast=True)
-        rounded = (value + magic) - magic
-        rounded_bits = rounded.to(tl.int32, bitcast=True)
-        normal_code = ((((rounded_bits >> 23) & 0xFF) - 120) << 3) | ((rounded_bits >> 20) & 7)
-        subnormal_code = (rounded * 512.0).to(tl.int32)
-        code = tl.where(rounded >= 0.015625, normal_code, subnormal_code)
-        code = tl.where(rounded == rounded, code, 0x7F)
+        rounded, code = e4m3_round(value)
         return rounded, code.to(tl.uint8)
 
     @triton.jit
@@ -552,9 +505,9 @@ MAX_PARTIALS = 4096
 
 
 def _check_input(x: torch.Tensor, rows_multiple: int, what: str, name: Optional[str]) -> None:
-    _require_triton()
+    require_triton("models.quant.kernels")
     where = f"{name}: " if name else ""
-    if not (x.is_cuda or _INTERPRETING):
+    if not (x.is_cuda or INTERPRETING):
         raise ValueError(f"{where}{what} needs a CUDA tensor, got device {x.device}")
     if x.dtype not in KERNEL_INPUT_DTYPES:
         raise TypeError(f"{where}{what} takes {KERNEL_INPUT_DTYPES}, got {x.dtype}")

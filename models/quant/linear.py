@@ -1,4 +1,4 @@
-"""Quantized linear layer: Y = X W^T with each of its three GEMMs quantized as a LinearSpec says.
+"""The emulated quantized linear layer (QuantLinear): Y = X W^T with each GEMM quantized as a LinearSpec says.
 
 The three GEMMs of a linear layer (T tokens = flattened leading dims, K in_features, N out_features),
 each written as A B^T with both operands blocked along the reduction dim:
@@ -40,230 +40,25 @@ an error naming the layer, the GEMM, the operand and the dim. Nothing is padded.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from models.quant import formats
-from models.quant.rht import HADAMARD_SIZE, rht
-
-GEMMS = ("fprop", "dgrad", "wgrad")
-BACKENDS = ("emulated",)
-
-
-@dataclass(frozen=True)
-class OperandSpec:
-    """How one GEMM operand is quantized, along that GEMM's reduction dim."""
-
-    fmt: str
-    """One of models.quant.formats.FORMATS: nvfp4, mxfp4, mxfp8, fp8_block, fp8_tensor."""
-    tile: Optional[Tuple[int, int]] = None
-    """Tile (rows, cols) with cols along the reduction dim; None for the format's default."""
-    rounding: str = "nearest"
-    """'nearest' (round half to even) or 'stochastic' (E2M1 formats only)."""
-    rht: bool = False
-    """Apply the 16x16 random Hadamard transform along the reduction dim before quantizing."""
-    power_of_two_scales: bool = True
-    """fp8_block only: round block scales down to powers of two (TE Float8BlockScaling default)."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "tile", formats.resolve_tile(self.fmt, self.tile))
-        if self.rounding not in formats.ROUNDINGS:
-            raise ValueError(f"rounding must be one of {formats.ROUNDINGS}, got {self.rounding!r}")
-        if self.rounding == "stochastic" and self.fmt not in formats.E2M1_FORMATS:
-            raise ValueError(f"stochastic rounding is implemented for {formats.E2M1_FORMATS}, not {self.fmt!r}")
-        if self.rht and (self.tile is None or self.tile[0] != 1 or self.tile[1] % HADAMARD_SIZE != 0):
-            raise ValueError(
-                f"the RHT needs 1-row tiles whose length divides into {HADAMARD_SIZE}s, got {self.fmt} {self.tile}"
-            )
-
-    @property
-    def transpose_invariant(self) -> bool:
-        """Whether quantizing the transposed tensor gives the transposed result (square or no tiles, RNE)."""
-        square = self.tile is None or self.tile[0] == self.tile[1]
-        return square and self.rounding == "nearest" and not self.rht
-
-    def describe(self) -> str:
-        tile = "tensor" if self.tile is None else f"{self.tile[0]}x{self.tile[1]}"
-        extras = ["SR" if self.rounding == "stochastic" else "RNE"]
-        if self.rht:
-            extras.append("RHT")
-        if self.fmt == "fp8_block":
-            extras.append("pow2" if self.power_of_two_scales else "fp32 scales")
-        return f"{self.fmt} {tile} {'+'.join(extras)}"
-
-
-@dataclass(frozen=True)
-class GemmSpec:
-    """The two quantized operands of one GEMM ``A B^T`` (both blocked along the reduction dim).
-
-    Fprop: a = X, b = W. Dgrad: a = dY, b = W^T. Wgrad: a = dY^T, b = X^T.
-    """
-
-    a: OperandSpec
-    """Left operand (X in Fprop, dY in Dgrad, dY^T in Wgrad)."""
-    b: OperandSpec
-    """Right operand (W in Fprop, W^T in Dgrad, X^T in Wgrad)."""
-
-    def describe(self) -> str:
-        return f"{self.a.describe()} x {self.b.describe()}"
-
-
-@dataclass
-class LinearSpec:
-    """Per-GEMM precision of one linear layer; a None GEMM runs in high precision (compute dtype).
-
-    Mutable on purpose: the late switch to BF16 sets GEMMs to None (``switched_to_high_precision``
-    returns such a copy, for specs shared between layers).
-    """
-
-    fprop: Optional[GemmSpec] = None
-    """Y = X W^T."""
-    dgrad: Optional[GemmSpec] = None
-    """dX = dY W."""
-    wgrad: Optional[GemmSpec] = None
-    """dW = dY^T X."""
-    backend: str = "emulated"
-    """Who runs the quantized GEMMs; only 'emulated' lives here (te/torch backends: the recipe)."""
-
-    @property
-    def quantized(self) -> bool:
-        """Whether any GEMM is quantized."""
-        return any(getattr(self, gemm) is not None for gemm in GEMMS)
-
-    @property
-    def reuses_forward_weight(self) -> bool:
-        """Dgrad uses the W quantized in Fprop (same spec, transpose-invariant tiles: 2D or per tensor)."""
-        return (
-            self.fprop is not None
-            and self.dgrad is not None
-            and self.dgrad.b == self.fprop.b
-            and self.fprop.b.transpose_invariant
-        )
-
-    def switched_to_high_precision(self, mode: str = "forward") -> "LinearSpec":
-        """A copy with Fprop ('forward') or all GEMMs ('forward_backward') in high precision."""
-        if mode == "forward":
-            return dataclasses.replace(self, fprop=None)
-        if mode == "forward_backward":
-            return dataclasses.replace(self, fprop=None, dgrad=None, wgrad=None)
-        raise ValueError(f"mode must be 'forward' or 'forward_backward', got {mode!r}")
-
-    def describe(self) -> str:
-        parts = []
-        for gemm in GEMMS:
-            gemm_spec = getattr(self, gemm)
-            parts.append(f"{gemm}: {gemm_spec.describe() if gemm_spec else 'high precision'}")
-        return "; ".join(parts)
-
-
-# ----------------------------------------------------------------------------------------------
-# Spec builders (called by models.quant.recipe)
-
-
-def _gemm_or_none(enabled: bool, a: OperandSpec, b: OperandSpec) -> Optional[GemmSpec]:
-    return GemmSpec(a, b) if enabled else None
-
-
-def nvfp4_linear_spec(
-    weight_2d: bool = True,
-    wgrad_rht: bool = True,
-    stochastic_rounding: bool = True,
-    quantize_fprop: bool = True,
-    quantize_dgrad: bool = True,
-    quantize_wgrad: bool = True,
-) -> LinearSpec:
-    """The paper's NVFP4 recipe (DESIGN table); each technique switchable for ablations."""
-    gradient_rounding = "stochastic" if stochastic_rounding else "nearest"
-    weight = OperandSpec("nvfp4", (16, 16) if weight_2d else (1, 16))
-    return LinearSpec(
-        fprop=_gemm_or_none(quantize_fprop, OperandSpec("nvfp4", (1, 16)), weight),
-        dgrad=_gemm_or_none(quantize_dgrad, OperandSpec("nvfp4", (1, 16), gradient_rounding), weight),
-        wgrad=_gemm_or_none(
-            quantize_wgrad,
-            OperandSpec("nvfp4", (1, 16), gradient_rounding, rht=wgrad_rht),
-            OperandSpec("nvfp4", (1, 16), "nearest", rht=wgrad_rht),
-        ),
-    )
-
-
-def mxfp4_linear_spec(
-    wgrad_rht: bool = True,
-    stochastic_rounding: bool = True,
-    quantize_fprop: bool = True,
-    quantize_dgrad: bool = True,
-    quantize_wgrad: bool = True,
-) -> LinearSpec:
-    """MXFP4 (1x32 E2M1, E8M0 scales) with the NVFP4 recipe's techniques, so a comparison isolates the format.
-
-    There is no 2D option (OCP MX blocks are 1x32), so Dgrad re-quantizes W^T along N.
-    """
-    gradient_rounding = "stochastic" if stochastic_rounding else "nearest"
-    block = OperandSpec("mxfp4")
-    return LinearSpec(
-        fprop=_gemm_or_none(quantize_fprop, block, block),
-        dgrad=_gemm_or_none(quantize_dgrad, OperandSpec("mxfp4", rounding=gradient_rounding), block),
-        wgrad=_gemm_or_none(
-            quantize_wgrad,
-            OperandSpec("mxfp4", rounding=gradient_rounding, rht=wgrad_rht),
-            OperandSpec("mxfp4", rht=wgrad_rht),
-        ),
-    )
-
-
-def mxfp8_linear_spec(
-    quantize_fprop: bool = True, quantize_dgrad: bool = True, quantize_wgrad: bool = True
-) -> LinearSpec:
-    """MXFP8: every operand 1x32 E4M3 with E8M0 scales, RNE, along each GEMM's reduction dim."""
-    block = OperandSpec("mxfp8")
-    return LinearSpec(
-        fprop=_gemm_or_none(quantize_fprop, block, block),
-        dgrad=_gemm_or_none(quantize_dgrad, block, block),
-        wgrad=_gemm_or_none(quantize_wgrad, block, block),
-    )
-
-
-def fp8_block_linear_spec(
-    power_of_two_scales: bool = True,
-    quantize_fprop: bool = True,
-    quantize_dgrad: bool = True,
-    quantize_wgrad: bool = True,
-) -> LinearSpec:
-    """The paper's FP8 baseline (TE Float8BlockScaling): W 128x128, activations and gradients 1x128."""
-    vector = OperandSpec("fp8_block", (1, 128), power_of_two_scales=power_of_two_scales)
-    weight = OperandSpec("fp8_block", (128, 128), power_of_two_scales=power_of_two_scales)
-    return LinearSpec(
-        fprop=_gemm_or_none(quantize_fprop, vector, weight),
-        dgrad=_gemm_or_none(quantize_dgrad, vector, weight),
-        wgrad=_gemm_or_none(quantize_wgrad, vector, vector),
-    )
-
-
-def fp8_tensor_linear_spec(
-    quantize_fprop: bool = True, quantize_dgrad: bool = True, quantize_wgrad: bool = True
-) -> LinearSpec:
-    """Per-tensor current-scaled E4M3 for every operand (TE Float8CurrentScaling, E4M3 throughout)."""
-    tensor = OperandSpec("fp8_tensor")
-    return LinearSpec(
-        fprop=_gemm_or_none(quantize_fprop, tensor, tensor),
-        dgrad=_gemm_or_none(quantize_dgrad, tensor, tensor),
-        wgrad=_gemm_or_none(quantize_wgrad, tensor, tensor),
-    )
-
-
-LINEAR_SPEC_BUILDERS = {
-    "nvfp4": nvfp4_linear_spec,
-    "mxfp4": mxfp4_linear_spec,
-    "mxfp8": mxfp8_linear_spec,
-    "fp8_block": fp8_block_linear_spec,
-    "fp8_tensor": fp8_tensor_linear_spec,
-}
-"""Format name -> builder of its LinearSpec (keyword options differ per format)."""
-
+from models.quant.gemm_spec import (  # noqa: F401 - re-exported: the specs' long-standing import path
+    GemmSpec,
+    LinearSpec,
+    OperandSpec,
+    check_linear_shapes,
+    fp8_block_linear_spec,
+    fp8_tensor_linear_spec,
+    mxfp4_linear_spec,
+    mxfp8_linear_spec,
+    nvfp4_linear_spec,
+)
+from models.quant.quantized_linear import QuantizedLinear, high_precision_gemm
+from models.quant.rht import rht
 
 # ----------------------------------------------------------------------------------------------
 # Emulated GEMMs
@@ -318,7 +113,11 @@ def _quantize_operand(
     generator: Optional[torch.Generator],
     name: str,
 ) -> _Operand:
-    """Quantize the operand matrix ``tensor.t() if transpose else tensor`` along its last dim."""
+    """Quantize the operand matrix ``tensor.t() if transpose else tensor`` along its last dim.
+
+    ``name`` labels the operand in errors ('Fprop X', ...): a constant, so torch.compile does not
+    specialize on the layer (the layer's own checks, which name it, ran in the forward).
+    """
     exact = _scaled_values_exact(spec, compute_dtype)
     values_dtype = compute_dtype if exact else torch.float32
     stochastic = spec.rounding == "stochastic"
@@ -358,11 +157,6 @@ def _quantize_operand(
     return _Operand(values, decode)
 
 
-def _high_precision_gemm(a: torch.Tensor, b: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-    """a [M, R] times b [N, R]^T in the compute dtype, as nn.Linear (under autocast) computes it."""
-    return a.to(compute_dtype) @ b.to(compute_dtype).t()
-
-
 _MM_OUT_DTYPE_WORKS: Optional[bool] = None
 
 
@@ -397,24 +191,24 @@ class QuantLinearFunction(torch.autograd.Function):
     """Y = X W^T with emulated quantized GEMMs; see the module docstring for the op order."""
 
     @staticmethod
-    def forward(ctx, x, weight, spec: LinearSpec, name: str, generator, compute_dtype):
+    def forward(ctx, x, weight, spec: LinearSpec, generator, compute_dtype):
         x2 = x.reshape(-1, x.shape[-1])
         with torch.autocast(x.device.type, enabled=False):
             if spec.fprop is None:
-                out = _high_precision_gemm(x2, weight, compute_dtype)
+                out = high_precision_gemm(x2, weight, compute_dtype)
                 saved_weight = None
             else:
                 x_op = _quantize_operand(
                     x2, spec.fprop.a, transpose=False, compute_dtype=compute_dtype, generator=generator,
-                    name=f"{name} (Fprop X)",
+                    name="Fprop X",
                 )
                 w_op = _quantize_operand(
                     weight, spec.fprop.b, transpose=False, compute_dtype=compute_dtype, generator=generator,
-                    name=f"{name} (Fprop W)",
+                    name="Fprop W",
                 )
                 out = _gemm(x_op, w_op, compute_dtype)
                 saved_weight = w_op if spec.reuses_forward_weight else None
-        ctx.spec, ctx.name, ctx.generator, ctx.compute_dtype = spec, name, generator, compute_dtype
+        ctx.spec, ctx.generator, ctx.compute_dtype = spec, generator, compute_dtype
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.has_saved_weight = saved_weight is not None
         ctx.saved_weight_has_decode = saved_weight is not None and saved_weight.decode is not None
@@ -431,17 +225,17 @@ class QuantLinearFunction(torch.autograd.Function):
         x2, weight, *extra = ctx.saved_tensors
         spec: LinearSpec = ctx.spec
         compute_dtype = ctx.compute_dtype
-        name, generator = ctx.name, ctx.generator
+        generator = ctx.generator
         dy = grad_output.reshape(-1, grad_output.shape[-1])
         grad_x = grad_weight = None
         with torch.autocast(dy.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
                 if spec.dgrad is None:
-                    grad_x = _high_precision_gemm(dy, weight.t(), compute_dtype)
+                    grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
                 else:
                     dy_op = _quantize_operand(
                         dy, spec.dgrad.a, transpose=False, compute_dtype=compute_dtype, generator=generator,
-                        name=f"{name} (Dgrad dY)",
+                        name="Dgrad dY",
                     )
                     if ctx.has_saved_weight:
                         # The same quantized W as Fprop: [N, K] blocked 16x16, used as W^T [K, N].
@@ -450,122 +244,41 @@ class QuantLinearFunction(torch.autograd.Function):
                     else:
                         w_t_op = _quantize_operand(
                             weight, spec.dgrad.b, transpose=True, compute_dtype=compute_dtype,
-                            generator=generator, name=f"{name} (Dgrad W^T)",
+                            generator=generator, name="Dgrad W^T",
                         )
                     grad_x = _gemm(dy_op, w_t_op, compute_dtype)
                 grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
             if ctx.needs_input_grad[1]:
                 if spec.wgrad is None:
-                    grad_weight = _high_precision_gemm(dy.t(), x2.t(), compute_dtype)
+                    grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
                 else:
                     dy_t_op = _quantize_operand(
                         dy, spec.wgrad.a, transpose=True, compute_dtype=compute_dtype, generator=generator,
-                        name=f"{name} (Wgrad dY^T)",
+                        name="Wgrad dY^T",
                     )
                     x_t_op = _quantize_operand(
                         x2, spec.wgrad.b, transpose=True, compute_dtype=compute_dtype, generator=generator,
-                        name=f"{name} (Wgrad X^T)",
+                        name="Wgrad X^T",
                     )
                     grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype)
                 grad_weight = grad_weight.to(weight.dtype)
-        return grad_x, grad_weight, None, None, None, None
+        return grad_x, grad_weight, None, None, None
 
 
-def check_linear_shapes(spec: LinearSpec, tokens: int, in_features: int, out_features: int, name: str) -> None:
-    """Raise ValueError naming the layer, GEMM, operand and dim if an operand does not divide its blocks."""
-    operands = {
-        "fprop": (("X", (tokens, in_features), ("tokens", "in_features")),
-                  ("W", (out_features, in_features), ("out_features", "in_features"))),
-        "dgrad": (("dY", (tokens, out_features), ("tokens", "out_features")),
-                  ("W^T", (in_features, out_features), ("in_features", "out_features"))),
-        "wgrad": (("dY^T", (out_features, tokens), ("out_features", "tokens")),
-                  ("X^T", (in_features, tokens), ("in_features", "tokens"))),
-    }
-    for gemm in GEMMS:
-        gemm_spec = getattr(spec, gemm)
-        if gemm_spec is None:
-            continue
-        for operand_spec, (label, shape, dim_names) in zip((gemm_spec.a, gemm_spec.b), operands[gemm]):
-            formats.check_blockable(
-                shape, operand_spec.fmt, operand_spec.tile,
-                name=f"layer {name!r} ({gemm.capitalize()} {label}, {operand_spec.describe()})",
-                dim_names=dim_names,
-            )
+class QuantLinear(QuantizedLinear):
+    """The emulated backend: quantize-dequantize each operand, then a BF16/FP32 GEMM (module docstring).
 
-
-def adopt_linear_parameters(cls, linear: nn.Linear) -> nn.Linear:
-    """An uninitialized ``cls`` (an nn.Linear subclass) holding ``linear``'s very Parameter objects.
-
-    No copy and no re-initialization: the optimizer, FSDP and checkpoints see the same tensors
-    and state-dict keys as before the swap. The caller sets its own attributes (spec, name...).
-    """
-    module = cls.__new__(cls)
-    nn.Module.__init__(module)
-    module.in_features = linear.in_features
-    module.out_features = linear.out_features
-    module.register_parameter("weight", linear.weight)
-    module.register_parameter("bias", linear.bias)
-    module.train(linear.training)
-    return module
-
-
-class QuantLinear(nn.Linear):
-    """nn.Linear whose GEMMs follow ``spec`` (same parameters and state-dict keys as nn.Linear).
-
-    ``spec`` may be replaced at any time (late switch to BF16); a spec with no quantized GEMM runs
-    exactly ``F.linear``. ``name`` (the module's fully qualified name) appears in every error.
-    ``generator``: optional torch.Generator for stochastic rounding (default: torch's global RNG).
+    Runs on any device. ``spec.backend`` must be 'emulated' (the te/torch backends are other modules,
+    set up by models.quant.recipe).
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        device=None,
-        dtype=None,
-        *,
-        spec: Optional[LinearSpec] = None,
-        name: str = "",
-    ):
-        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.spec = spec if spec is not None else LinearSpec()
-        self.name = name
-        self.generator: Optional[torch.Generator] = None
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, name: str = "") -> "QuantLinear":
-        """Wrap an existing nn.Linear, keeping the very same Parameter objects (no copy)."""
-        module = adopt_linear_parameters(cls, linear)
-        module.spec = spec
-        module.name = name
-        module.generator = None
-        return module
-
-    def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
-        """The GEMM dtype: autocast's when autocast is on for x's device, else x's dtype."""
-        if torch.is_autocast_enabled(x.device.type):
-            return torch.get_autocast_dtype(x.device.type)
-        return x.dtype
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        spec = self.spec
-        if not spec.quantized:
-            return F.linear(x, self.weight, self.bias)
-        if spec.backend not in BACKENDS:
+    def check_input(self, x: torch.Tensor) -> None:
+        if self.spec.backend != "emulated":
             raise NotImplementedError(
-                f"layer {self.name!r}: backend {spec.backend!r} is not run by QuantLinear (only {BACKENDS}); "
+                f"layer {self.name!r}: backend {self.spec.backend!r} is not run by QuantLinear (only ('emulated',)); "
                 f"the te/torch backends are set up by models.quant.recipe"
             )
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"layer {self.name!r}: input last dim {x.shape[-1]} != in_features {self.in_features}")
-        tokens = x.numel() // self.in_features
-        check_linear_shapes(spec, tokens, self.in_features, self.out_features, self.name)
-        compute_dtype = self.compute_dtype(x)
-        out = QuantLinearFunction.apply(x, self.weight, spec, self.name, self.generator, compute_dtype)
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
-        return out
+        super().check_input(x)
 
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, name={self.name!r}, spec=({self.spec.describe()})"
+    def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+        return QuantLinearFunction.apply(x, self.weight, self.spec, self.generator, compute_dtype)

@@ -30,11 +30,9 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 
-from models.quant.config import BACKENDS, FORMATS, PrecisionConfig
+from models.quant.config import PrecisionConfig
+from models.quant.format_registry import BACKENDS, FORMAT_SPECS, GEMMS, RECIPE_FORMATS, format_spec
 
-GEMMS = ("fprop", "dgrad", "wgrad")
-# Divisibility each format needs of a linear's in/out features (block or tile edge).
-BLOCK_EDGE = {"nvfp4": 16, "mxfp4": 32, "mxfp8": 32, "fp8_block": 128, "fp8_tensor": 16}
 _BLOCK_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -72,7 +70,6 @@ class PrecisionPlan:
     notes: List[str] = field(default_factory=list)
     switched: bool = False
     te_autocast: Optional[object] = None  # te backend: the switch flips its `enabled`
-    _generators: Dict[int, torch.Generator] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ reporting
     def summary(self) -> dict:
@@ -122,6 +119,14 @@ class PrecisionPlan:
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ during training
+    def quantized_linears(self) -> list:
+        """The converted layers that hold their own spec and step state (QuantizedLinear).
+
+        None for the te backend: its te.Linear modules take their recipe from the one te.autocast
+        around the model's forward (``te_autocast``), which the late switch turns off.
+        """
+        return [] if self.te_autocast is not None else list(self.modules.values())
+
     def set_step(self, step: int) -> None:
         """Re-seed each layer's stochastic-rounding generator from (seed, layer, step, rank).
 
@@ -129,16 +134,8 @@ class PrecisionPlan:
         uninterrupted one, and data-parallel ranks (different data) draw independently.
         """
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        for index, module in enumerate(self.modules.values()):
-            if hasattr(module, "set_step"):
-                module.set_step(step)
-            elif hasattr(module, "generator"):  # QuantLinear: SR draws come from module.generator
-                device = module.weight.device
-                if self._generators.get(index) is None or self._generators[index].device != device:
-                    self._generators[index] = torch.Generator(device=device)
-                generator = self._generators[index]
-                generator.manual_seed(_mix_seed(self.cfg.seed, index, step, rank))
-                module.generator = generator
+        for module in self.quantized_linears():
+            module.set_step(step, rank)
 
     def maybe_switch(self, step: int, tokens: int) -> Optional[dict]:
         """Late switch to BF16 (paper, App. D) once step/tokens reach the configured point."""
@@ -161,11 +158,8 @@ class PrecisionPlan:
             # TE's autocast covers all three GEMMs of a layer at once: the switch is total.
             self.te_autocast.enabled = False
             gemms = GEMMS
-        for module in self.modules.values():
-            if hasattr(module, "set_high_precision"):
-                module.set_high_precision(gemms)
-            elif hasattr(module, "spec"):  # QuantLinear: a spec with those GEMMs in high precision
-                module.spec = module.spec.switched_to_high_precision(mode)
+        for module in self.quantized_linears():
+            module.set_high_precision(gemms)
         for layer in self.layers:
             if layer.name in self.modules:
                 for gemm in gemms:
@@ -182,8 +176,8 @@ class PrecisionPlan:
 
 # ---------------------------------------------------------------------------- planning
 def validate_config(cfg: PrecisionConfig) -> None:
-    if cfg.format not in FORMATS:
-        raise ValueError(f"precision.format must be one of {', '.join(FORMATS)}; got {cfg.format!r}")
+    if cfg.format not in RECIPE_FORMATS:
+        raise ValueError(f"precision.format must be one of {', '.join(RECIPE_FORMATS)}; got {cfg.format!r}")
     if cfg.backend not in BACKENDS:
         raise ValueError(f"precision.backend must be one of {', '.join(BACKENDS)}; got {cfg.backend!r}")
     if cfg.switch_mode not in ("forward", "forward_backward"):
@@ -224,7 +218,7 @@ def plan_layers(model: nn.Module, cfg: PrecisionConfig) -> List[LayerPlan]:
         elif not any(quantized_gemms.values()):
             plan.reason = "no GEMM quantized"
         else:
-            edge = BLOCK_EDGE[cfg.format]
+            edge = FORMAT_SPECS[cfg.format].block_edge
             bad = [f"{dim_name}={dim}" for dim_name, dim in (("in_features", module.in_features),
                                                           ("out_features", module.out_features)) if dim % edge]
             if bad:
@@ -257,10 +251,11 @@ def resolve_backend(cfg: PrecisionConfig, device: torch.device) -> str:
         te_backend.check_supported(cfg, capability)
         return "te"
     if cfg.backend == "torch":
-        if cfg.format not in ("fp8_block", "fp8_tensor"):
-            raise ValueError(f"precision.backend=torch runs FP8 formats (fp8_block, fp8_tensor), not {cfg.format}; "
+        if "torch" not in format_spec(cfg.format).native:
+            torch_formats = ", ".join(name for name, spec in FORMAT_SPECS.items() if "torch" in spec.native)
+            raise ValueError(f"precision.backend=torch runs FP8 formats ({torch_formats}), not {cfg.format}; "
                              "use backend=emulated or te")
-        if not _torch_fp8_runs(cfg.format, capability):
+        if not format_spec(cfg.format).runs_natively("torch", capability):
             raise RuntimeError("precision.backend=torch runs fp8_block on Hopper (compute capability 9.x; PyTorch's "
                                "blockwise FP8 GEMM is SM 9.x only) and fp8_tensor on 8.9+; this device "
                                f"is {capability}")
@@ -268,25 +263,9 @@ def resolve_backend(cfg: PrecisionConfig, device: torch.device) -> str:
     # auto
     if te_backend.has_te() and te_backend.supported_reason(cfg, capability) is None:
         return "te"
-    if _torch_fp8_runs(cfg.format, capability):
+    if format_spec(cfg.format).runs_natively("torch", capability):
         return "torch"
     return "emulated"
-
-
-def _torch_fp8_runs(fmt: str, capability: Optional[tuple]) -> bool:
-    """Where torch._scaled_mm runs the format natively (blockwise: Hopper only in PyTorch)."""
-    if capability is None:
-        return False
-    if fmt == "fp8_block":
-        return capability[0] == 9
-    return fmt == "fp8_tensor" and capability >= (8, 9)
-
-
-def _mix_seed(seed: int, layer: int, step: int, rank: int) -> int:
-    """A 63-bit seed from the run seed, layer index, step and rank (splitmix-style mixing)."""
-    value = (seed * 0x9E3779B97F4A7C15 + layer * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB + rank) % (1 << 64)
-    value ^= value >> 31
-    return value % (1 << 63)
 
 
 def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[torch.device] = None) -> PrecisionPlan:
@@ -310,48 +289,27 @@ def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[tor
         return plan
 
     if backend == "torch":
-        from models.quant.fp8_torch import TorchFp8Linear
+        from models.quant.fp8_torch import TorchFp8Linear as linear_class
 
-        make = lambda linear, layer: TorchFp8Linear.from_linear(linear, fp8_spec(cfg, layer), name=layer.name)
         plan.notes.append("FP8 GEMMs run natively through torch._scaled_mm")
     else:
-        from models.quant.linear import QuantLinear
+        from models.quant.linear import QuantLinear as linear_class
 
-        make = lambda linear, layer: QuantLinear.from_linear(linear, linear_spec(cfg, layer), name=layer.name)
         plan.notes.append("quantized GEMMs are emulated: quantize-dequantize, then a BF16/FP32 matmul "
                           "(bit-exact formats, not the low-precision speed)")
     for layer in to_convert:
         parent_name, _, child = layer.name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        converted = make(getattr(parent, child), layer)
-        if hasattr(converted, "set_seed"):
-            converted.set_seed(_mix_seed(cfg.seed, len(plan.modules), 0, 0))
+        converted = linear_class.from_linear(getattr(parent, child), linear_spec(cfg, layer), name=layer.name)
+        converted.set_seed(cfg.seed, layer=len(plan.modules))
         setattr(parent, child, converted)
         plan.modules[layer.name] = converted
     return plan
 
 
 def linear_spec(cfg: PrecisionConfig, layer: LayerPlan):
-    """The emulated QuantLinear spec for this layer from the recipe's knobs."""
-    from models.quant import linear as quant_linear
-
+    """This layer's LinearSpec from the recipe's knobs (the registry's builder of cfg.format)."""
     on = {gemm: layer.gemm_formats[gemm] != "bf16" for gemm in GEMMS}
-    common = dict(quantize_fprop=on["fprop"], quantize_dgrad=on["dgrad"], quantize_wgrad=on["wgrad"])
-    if cfg.format == "nvfp4":
-        return quant_linear.nvfp4_linear_spec(weight_2d=cfg.weight_2d, wgrad_rht=cfg.wgrad_rht,
-                                              stochastic_rounding=cfg.gradient_stochastic_rounding, **common)
-    if cfg.format == "mxfp4":
-        return quant_linear.mxfp4_linear_spec(wgrad_rht=cfg.wgrad_rht,
-                                              stochastic_rounding=cfg.gradient_stochastic_rounding, **common)
-    if cfg.format == "mxfp8":
-        return quant_linear.mxfp8_linear_spec(**common)
-    if cfg.format == "fp8_block":
-        return quant_linear.fp8_block_linear_spec(power_of_two_scales=cfg.fp8_power_of_two_scales, **common)
-    if cfg.format == "fp8_tensor":
-        return quant_linear.fp8_tensor_linear_spec(**common)
-    raise ValueError(f"no linear spec for format {cfg.format!r}")
-
-
-def fp8_spec(cfg: PrecisionConfig, layer: LayerPlan):
-    """The torch FP8 backend takes the same spec as the emulated path (same numerics)."""
-    return linear_spec(cfg, layer)
+    return format_spec(cfg.format).linear_spec(
+        cfg, quantize_fprop=on["fprop"], quantize_dgrad=on["dgrad"], quantize_wgrad=on["wgrad"]
+    )

@@ -1,7 +1,8 @@
 """Transformer Engine backend: te.Linear modules under te.autocast(recipe=...).
 
 The one import site of Transformer Engine. `recipe_spec` maps our PrecisionConfig to a TE
-recipe class and its arguments as plain data (a pure function, tested without TE):
+recipe class and its arguments as plain data (a pure function, tested without TE), reading the
+format's ``te_recipe`` / ``te_recipe_options`` / ``native["te"]`` in models.quant.format_registry:
 
   nvfp4       NVFP4BlockScaling(disable_rht=not wgrad_rht,
                                 disable_stochastic_rounding=not gradient_stochastic_rounding,
@@ -29,10 +30,9 @@ from typing import Dict, List, Optional, Tuple
 import torch.nn as nn
 
 from models.quant.config import PrecisionConfig
+from models.quant.format_registry import FORMAT_SPECS
 
 INSTALL_HINT = "pip install --no-build-isolation 'transformer-engine[pytorch]'  (or: pip install -e '.[te]')"
-# Minimum compute capability per format for TE's recipe.
-MIN_CAPABILITY = {"nvfp4": (10, 0), "mxfp8": (10, 0), "fp8_block": (9, 0), "fp8_tensor": (8, 9)}
 
 
 def has_te() -> bool:
@@ -55,10 +55,11 @@ def supported_reason(cfg: PrecisionConfig, capability: Optional[Tuple[int, int]]
     """None when TE can run this recipe on this GPU; otherwise why not."""
     if capability is None:
         return "Transformer Engine needs a CUDA GPU"
-    if cfg.format not in MIN_CAPABILITY:
+    spec = FORMAT_SPECS.get(cfg.format)
+    if spec is None or spec.te_recipe is None:
         return f"Transformer Engine has no training recipe for {cfg.format}"
-    needed = MIN_CAPABILITY[cfg.format]
-    if capability < needed:
+    needed = spec.native["te"].minimum
+    if not spec.runs_natively("te", capability):
         return (f"TE's {cfg.format} recipe needs compute capability {needed[0]}.{needed[1]}+ "
                 f"(this GPU is {capability[0]}.{capability[1]}); on Hopper use backend=emulated"
                 + (" or backend=torch" if cfg.format.startswith("fp8") else ""))
@@ -84,20 +85,11 @@ def recipe_spec(cfg: PrecisionConfig) -> Tuple[str, Dict[str, object]]:
         raise ValueError("TE quantizes Dgrad and Wgrad together (backward_override applies to both)")
     if not cfg.quantize_dgrad:
         kwargs["backward_override"] = "high_precision"
-    if cfg.format == "nvfp4":
-        kwargs.update(disable_rht=not cfg.wgrad_rht,
-                      disable_stochastic_rounding=not cfg.gradient_stochastic_rounding,
-                      disable_2d_quantization=not cfg.weight_2d)
-        return "NVFP4BlockScaling", kwargs
-    if cfg.format == "fp8_block":
-        kwargs["power_2_scale"] = cfg.fp8_power_of_two_scales
-        return "Float8BlockScaling", kwargs
-    if cfg.format == "mxfp8":
-        return "MXFP8BlockScaling", kwargs
-    if cfg.format == "fp8_tensor":
-        kwargs["fp8_format"] = "E4M3"
-        return "Float8CurrentScaling", kwargs
-    raise ValueError(f"Transformer Engine has no training recipe for {cfg.format}")
+    spec = FORMAT_SPECS.get(cfg.format)
+    if spec is None or spec.te_recipe is None:
+        raise ValueError(f"Transformer Engine has no training recipe for {cfg.format}")
+    kwargs.update(spec.te_recipe_options(cfg))
+    return spec.te_recipe, kwargs
 
 
 def build_recipe(cfg: PrecisionConfig):
@@ -132,7 +124,24 @@ class TeAutocast:
 
 
 def convert(model: nn.Module, names: List[str], cfg: PrecisionConfig):
-    """Swap the named nn.Linears for te.Linear (same weights) and wrap forward in te.autocast."""
+    """Swap the named nn.Linears for te.Linear (same weights) and wrap forward in te.autocast.
+
+    Why this path is not a ``QuantizedLinear`` and differs from the other backends:
+    - TE's GEMMs, quantizers and workspaces live inside ``te.Linear`` (its forward is TE's own
+      autograd function, driven by the recipe of the enclosing ``te.autocast``), so the layer must
+      be TE's module, not a subclass of ours; the late switch and the step live in ``TeAutocast``.
+    - The weight is copied, not adopted: ``te.Linear`` registers its own Parameter through TE's
+      ``register_parameter`` (with init metadata and tensor-parallel attributes set on the object);
+      swapping in another Parameter object is not something TE documents, and it could not be run
+      against TE here. The copy is made once, before the optimizer and FSDP exist (apply_precision
+      runs right after init), with the same dtype, device and state-dict key ('weight'), so nothing
+      downstream sees a difference beyond a transient second allocation of those weights.
+    - ``model.forward`` is wrapped because TE wants one ``te.autocast`` region around the whole
+      forward (the backward reuses the recipe captured there) and nn.Module has no hook that
+      encloses a forward: a pre-hook/post-hook pair would leave TE's global autocast state entered
+      when the forward raises, and an autocast per layer changes TE's grouping. The wrapper is an
+      instance attribute, so the class, the state dict and ``model.layers`` are untouched.
+    """
     require_te()
     import torch
     import transformer_engine.pytorch as te

@@ -2,7 +2,7 @@
 
 RNE: bit-identical codes, E4M3 block scales, scaled values and decode scale, on fresh inputs of
 several scales and shapes (8192x5120 included). SR: always a neighbour, unbiased.
-Run on the GPU machine: ``pytest -m gpu tests/quant``.
+Run on the GPU machine: ``pytest -m gpu tests/models/quant``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def load_model_yaml(name: str) -> ModelConfig:
 
     from omegaconf import OmegaConf
 
-    path = Path(__file__).resolve().parents[2] / "configs" / "model" / f"{name}.yaml"
+    path = Path(__file__).resolve().parents[3] / "configs" / "model" / f"{name}.yaml"
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path)))
 
 
@@ -33,7 +33,7 @@ def load_precision_yaml(name: str, **overrides) -> PrecisionConfig:
 
     from omegaconf import OmegaConf
 
-    path = Path(__file__).resolve().parents[2] / "configs" / "precision" / f"{name}.yaml"
+    path = Path(__file__).resolve().parents[3] / "configs" / "precision" / f"{name}.yaml"
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PrecisionConfig), OmegaConf.load(path)))
     return dataclasses.replace(cfg, **overrides)
 

@@ -2,7 +2,7 @@
 layouts against torch's own scaled-mm checks, the per-tensor layer end to end (torch runs per-tensor
 FP8 GEMMs on the CPU), and the layer's contract (parameters, spec checks, errors, late switch).
 
-Blockwise GEMMs only run on CUDA SM 9.x: tests/quant/test_fp8_torch_gpu.py checks them there.
+Blockwise GEMMs only run on CUDA SM 9.x: tests/models/quant/test_fp8_torch_gpu.py checks them there.
 """
 
 from __future__ import annotations

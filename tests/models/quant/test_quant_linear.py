@@ -347,7 +347,7 @@ def test_cpu_path_never_imports_the_kernels_module():
         "m(torch.randn(16, 32)).sum().backward()\n"
         "assert 'models.quant.kernels' not in sys.modules\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[3]))
 
 
 def test_torch_compile_traces_without_graph_breaks_and_keeps_numerics():

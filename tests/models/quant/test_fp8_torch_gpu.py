@@ -1,6 +1,6 @@
 """The torch FP8 backend on a Hopper GPU: fused quantizer, native GEMMs, the layer, a model.
 
-Run on the GPU machine: ``pytest -m gpu tests/quant/test_fp8_torch_gpu.py``.
+Run on the GPU machine: ``pytest -m gpu tests/models/quant/test_fp8_torch_gpu.py``.
 
 Tolerances. Quantized operands are compared bit for bit. A native GEMM multiplies the same E4M3
 codes and decode scales as the emulated path, so the products are identical and only the

@@ -1,0 +1,153 @@
+"""What every quantized linear layer shares; a backend supplies only its GEMMs.
+
+``QuantizedLinear(nn.Linear)`` computes ``Y = X W^T (+ b)`` with its three GEMMs (Fprop
+``Y = X W^T``, Dgrad ``dX = dY W``, Wgrad ``dW = dY^T X``) as its ``LinearSpec`` says
+(``models.quant.gemm_spec``). It owns, for every backend:
+- adopting an ``nn.Linear``'s very Parameter objects (``from_linear``: no copy, no re-initialization;
+  the optimizer, FSDP and checkpoints see the same tensors and state-dict keys);
+- the compute dtype: autocast's when autocast is on for the input's device, else the input's;
+- the shape checks (a dim that does not divide its blocks is an error naming the layer, the GEMM,
+  the operand and the dim; nothing is padded), the bias (added after the GEMM in the compute dtype);
+- the spec and the late switch to BF16 (``set_high_precision``: those GEMMs run in the compute dtype);
+- the per-step state of stochastic rounding: ``set_seed(seed, layer)`` once, ``set_step(step, rank)``
+  every optimizer step re-seeds ``generator`` from ``mix_seed(seed, layer, step, rank)``, so a resumed
+  run rounds exactly as an uninterrupted one and data-parallel ranks draw independently.
+A subclass implements ``quantized_matmul(x, compute_dtype)`` (an autograd function over x and the
+weight): ``models.quant.linear.QuantLinear`` (emulated), ``models.quant.fp8_torch.TorchFp8Linear``
+(native FP8 through torch's scaled matmul). Transformer Engine's layers are TE's own modules
+(``models.quant.te_backend``).
+
+torch.compile: nothing on the forward's passing path reads the layer's name (errors format it
+only when they are raised), so layers that differ only in name share one compiled graph instead of
+recompiling once per layer (torch._dynamo's recompile limit would otherwise send most layers eager).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.quant.format_registry import GEMMS
+from models.quant.gemm_spec import LinearSpec, check_linear_shapes
+
+
+def high_precision_gemm(a: torch.Tensor, b: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+    """a [M, R] times b [N, R]^T in the compute dtype, as nn.Linear (under autocast) computes it."""
+    return a.to(compute_dtype) @ b.to(compute_dtype).t()
+
+
+def mix_seed(seed: int, layer: int, step: int, rank: int) -> int:
+    """A 63-bit seed from the run seed, layer index, step and rank (splitmix-style mixing)."""
+    value = (seed * 0x9E3779B97F4A7C15 + layer * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB + rank) % (1 << 64)
+    value ^= value >> 31
+    return value % (1 << 63)
+
+
+class QuantizedLinear(nn.Linear):
+    """nn.Linear whose GEMMs follow ``spec`` (same parameters and state-dict keys as nn.Linear).
+
+    ``spec`` may be replaced at any time (late switch to BF16); a spec with no quantized GEMM runs
+    exactly ``F.linear``. ``name`` (the module's fully qualified name) appears in every error.
+    ``generator``: the torch.Generator stochastic rounding draws from (None: torch's global RNG);
+    ``set_step`` keeps it seeded per step.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        spec: Optional[LinearSpec] = None,
+        name: str = "",
+    ):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._init_state(spec if spec is not None else self.default_spec(), name)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, name: str = "") -> "QuantizedLinear":
+        """Wrap an existing nn.Linear, keeping the very same Parameter objects (no copy)."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features = linear.in_features
+        module.out_features = linear.out_features
+        module.register_parameter("weight", linear.weight)
+        module.register_parameter("bias", linear.bias)
+        module.train(linear.training)
+        module._init_state(spec, name)
+        return module
+
+    def _init_state(self, spec: LinearSpec, name: str) -> None:
+        self.name = name  # first: a backend's spec check names the layer
+        self.spec = spec
+        self.seed = 0
+        self.layer = 0
+        self.step = 0
+        self.generator: Optional[torch.Generator] = None
+
+    def default_spec(self) -> LinearSpec:
+        """The spec of a layer built without one: every GEMM in high precision."""
+        return LinearSpec()
+
+    # ------------------------------------------------------------------ state the recipe drives
+    def set_high_precision(self, gemms: Iterable[str] = GEMMS) -> None:
+        """Late switch (paper, App. D): run these GEMMs ('fprop', 'dgrad', 'wgrad') in the compute dtype."""
+        gemms = tuple(gemms)
+        unknown = [gemm for gemm in gemms if gemm not in GEMMS]
+        if unknown:
+            raise ValueError(f"layer {self.name!r}: unknown GEMMs {unknown}; expected a subset of {GEMMS}")
+        self.spec = dataclasses.replace(self.spec, **{gemm: None for gemm in gemms})
+
+    def set_seed(self, seed: int, layer: int = 0) -> None:
+        """The run's seed and this layer's index, from which ``set_step`` derives each step's draws."""
+        self.seed, self.layer = int(seed), int(layer)
+
+    def set_step(self, step: int, rank: int = 0) -> None:
+        """Re-seed ``generator`` for this optimizer step (when the spec rounds stochastically)."""
+        self.step = int(step)
+        if not self.spec.stochastic:
+            return
+        device = self.weight.device
+        if self.generator is None or self.generator.device != device:
+            self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(mix_seed(self.seed, self.layer, self.step, rank))
+
+    # ------------------------------------------------------------------ forward
+    def compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The GEMM dtype: autocast's when autocast is on for x's device, else x's dtype."""
+        if torch.is_autocast_enabled(x.device.type):
+            return torch.get_autocast_dtype(x.device.type)
+        return x.dtype
+
+    def gemms_to_check(self, x: torch.Tensor) -> LinearSpec:
+        """The GEMMs whose operands the forward checks (default: all that the spec quantizes)."""
+        return self.spec
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """ValueError naming the layer if x does not fit the quantized GEMMs."""
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"layer {self.name!r}: input last dim {x.shape[-1]} != in_features {self.in_features}")
+        tokens = x.numel() // self.in_features
+        check_linear_shapes(self.gemms_to_check(x), tokens, self.in_features, self.out_features, self.name)
+
+    def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+        """x [..., K] times W^T with the spec's quantized GEMMs -> [..., N] in the compute dtype (the backend)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement quantized_matmul")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.spec.quantized:
+            return F.linear(x, self.weight, self.bias)
+        self.check_input(x)
+        out = self.quantized_matmul(x, self.compute_dtype(x))
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, name={self.name!r}, spec=({self.spec.describe()})"
