@@ -117,14 +117,14 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
     for config in AMAX_CONFIGS:
         kernels.AMAX_CONFIG = config
         try:
-            milliseconds = time_ms(lambda: kernels._global_scales(x, rht=False), **timing)
+            milliseconds = time_ms(lambda: kernels.amax_global_scales(x, rht=False), **timing)
             rows.append({"name": "amax pass only (read floor)", "config": list(config), "ms": milliseconds,
                          "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,
                          "bit_identical": None, "error": None})
         except Exception as error:
             record("amax pass only (read floor)", None, config=list(config), error=f"{type(error).__name__}: {error}")
     kernels.AMAX_CONFIG = default_amax
-    milliseconds = time_ms(lambda: kernels._global_scales(x, rht=True), **timing)
+    milliseconds = time_ms(lambda: kernels.amax_global_scales(x, rht=True), **timing)
     rows.append({"name": "amax pass with RHT only (read floor)", "config": None, "ms": milliseconds,
                  "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,
                  "bit_identical": None, "error": None})

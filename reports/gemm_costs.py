@@ -32,9 +32,10 @@ fp32 scales per 1x128 activation/gradient block and per 128x128 weight tile) 1 +
 1 + 4/16384); MXFP8 1 + 1/32; MXFP4 0.5 + 1/32; NVFP4 0.5 + 1/16 (2D weights 0.5 + 1/256) plus one
 fp32 tensor scale. MXFP4 runs at the datasheets' single "FP4 Tensor Core" rate, listed as nvfp4.
 
-The format table (FORMAT_COSTS) is this model's only copy of bytes per element and block sizes.
-Its names are the report's: 'fp8' is models.quant's fp8_block (RECIPE_FORMATS maps the recipe
-formats of models/quant/formats.py onto them).
+Bytes per element and block sizes are read from the format registry
+(models/quant/format_registry.py, FormatSpec); FORMAT_COSTS is that registry seen by the cost model.
+Its names are the report's: 'fp8' is the registry's fp8_block (REPORT_NAMES; RECIPE_FORMATS maps
+PrecisionConfig.format onto them).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, Optional
 
 from models.gemms import ATTENTION_KIND, Gemm
+from models.quant.format_registry import FORMAT_SPECS, FormatSpec
 from trainer.hardware import GpuSpec
 
 HIGH_PRECISION_BYTES = 2
@@ -87,38 +89,31 @@ class FormatCost:
         return 2 if self.amax_pass else 1
 
 
+REPORT_NAMES = {"fp8_block": "fp8"}
+"""Registry name -> the report's name, where they differ (the report's tables and CSV say 'fp8')."""
+
+
+def _cost_from_registry(spec: FormatSpec) -> FormatCost:
+    return FormatCost(
+        REPORT_NAMES.get(spec.name, spec.name), spec.label, spec.peak_key, spec.element_bytes,
+        vector_block=spec.vector_block, vector_scale_bytes=spec.vector_scale_bytes,
+        weight_block=spec.weight_block, weight_scale_bytes=spec.weight_scale_bytes,
+        weight_transpose_invariant=spec.weight_transpose_invariant, amax_pass=spec.amax_pass,
+        tensor_scale_bytes=spec.tensor_scale_bytes,
+    )
+
+
+# The cost of every format of the registry (models/quant/format_registry.py holds the bytes and
+# block sizes), by the report's name, plus BF16.
 FORMAT_COSTS: Dict[str, FormatCost] = {
     "bf16": FormatCost("bf16", "BF16", "bf16", 2.0),
-    "fp8": FormatCost(
-        "fp8", "FP8 (E4M3, 1x128 / 128x128 fp32 scales)", "fp8", 1.0,
-        vector_block=128, vector_scale_bytes=4, weight_block=128 * 128, weight_scale_bytes=4,
-    ),
-    "fp8_tensor": FormatCost(
-        "fp8_tensor", "FP8 (E4M3, per-tensor scale)", "fp8", 1.0, amax_pass=True, tensor_scale_bytes=4,
-    ),
-    "mxfp8": FormatCost(
-        "mxfp8", "MXFP8 (E4M3, 1x32 E8M0 scales)", "mxfp8", 1.0,
-        vector_block=32, vector_scale_bytes=1, weight_block=32, weight_scale_bytes=1,
-        weight_transpose_invariant=False,
-    ),
-    "mxfp4": FormatCost(
-        "mxfp4", "MXFP4 (E2M1, 1x32 E8M0 scales)", "nvfp4", 0.5,
-        vector_block=32, vector_scale_bytes=1, weight_block=32, weight_scale_bytes=1,
-        weight_transpose_invariant=False,
-    ),
-    "nvfp4": FormatCost(
-        "nvfp4", "NVFP4 (E2M1, 1x16 / 16x16 E4M3 scales + fp32 tensor scale)", "nvfp4", 0.5,
-        vector_block=16, vector_scale_bytes=1, weight_block=16 * 16, weight_scale_bytes=1,
-        amax_pass=True, tensor_scale_bytes=4,
-    ),
+    **{REPORT_NAMES.get(name, name): _cost_from_registry(spec) for name, spec in FORMAT_SPECS.items()},
 }
 DEFAULT_FORMATS = ("fp8", "mxfp8", "nvfp4")
 """Formats compared against BF16 in the printed tables (the CSV has the same ones)."""
 
 # PrecisionConfig.format -> the report's format name.
-RECIPE_FORMATS = {
-    "bf16": "bf16", "nvfp4": "nvfp4", "mxfp4": "mxfp4", "mxfp8": "mxfp8", "fp8_block": "fp8", "fp8_tensor": "fp8_tensor",
-}
+RECIPE_FORMATS = {"bf16": "bf16", **{name: REPORT_NAMES.get(name, name) for name in FORMAT_SPECS}}
 OVERHEAD_MODES = ("sum", "overlap", "none")
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Who reads what:
   where the torch FP8 backend runs (``FormatSpec.native``);
 - ``models.quant.te_backend``: the TE recipe class, its options and the compute capability it needs;
 - ``models.quant.diagnostics``: the element max (saturation);
-- the GEMM cost model (scripts/gemm_report.py): bytes per element and per scale, block sizes,
+- the GEMM cost model (reports/gemm_costs.py: FORMAT_COSTS is built from this registry): bytes per element and per scale, block sizes,
   whether Dgrad reuses Fprop's W, whether a per-tensor amax costs a second read, the peak-rate key.
 
 Two kinds of entry: an element format (``operand_format`` None: ``formats.quantize`` implements it)

@@ -537,7 +537,7 @@ def _amax_programs(x: torch.Tensor, num_tiles: int) -> int:
     return max(1, min(num_tiles, AMAX_PROGRAMS_PER_SM * sms, MAX_PARTIALS))
 
 
-def _global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_cols: int = 128) -> torch.Tensor:
+def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_cols: int = 128) -> torch.Tensor:
     """[S_enc, S_dec] (fp32, on x's device) from max |x| (or max |rht along dim 0 (x)|): two launches."""
     rows, cols = x.shape
     if rht:
@@ -600,7 +600,7 @@ def nvfp4_quantize_rows(
     block_r, block_c, warps = config or ROWS_CONFIG
     if two_d:
         block_r = 16
-    global_scales = _global_scales(x, rht=False)
+    global_scales = amax_global_scales(x, rht=False)
     scales_shape = (rows // 16, cols // 16) if two_d else (rows, cols // 16)
     values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes)
     seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
@@ -634,7 +634,7 @@ def nvfp4_quantize_columns(
     x = x.contiguous()
     rows, cols = x.shape
     groups_per_program, block_c, warps = config or COLUMNS_CONFIG
-    global_scales = _global_scales(x, rht=rht)
+    global_scales = amax_global_scales(x, rht=rht)
     values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes)
     seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
     grid = (triton.cdiv(rows // 16, groups_per_program), triton.cdiv(cols, block_c))

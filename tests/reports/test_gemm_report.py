@@ -164,3 +164,15 @@ def test_measure_times_small_config_on_gpu(capsys):
     if capability >= (8, 9):
         assert any(isinstance(r["fp8_tensorwise"], float) for r in report.measured.values())
     assert "Measured on" in capsys.readouterr().out
+
+
+def test_cost_model_reads_the_format_registry():
+    """Bytes and block sizes come from models.quant's FormatSpec entries, under the report's names."""
+    from models.quant.format_registry import FORMAT_SPECS
+    from reports.gemm_costs import FORMAT_COSTS, RECIPE_FORMATS
+
+    for name, spec in FORMAT_SPECS.items():
+        cost = FORMAT_COSTS[RECIPE_FORMATS[name]]
+        assert (cost.element_bytes, cost.vector_block, cost.weight_block, cost.amax_pass) == (
+            spec.element_bytes, spec.vector_block, spec.weight_block, spec.amax_pass)
+    assert RECIPE_FORMATS["fp8_block"] == "fp8" and "mxfp8_wgrad_rht" in FORMAT_COSTS
