@@ -40,11 +40,11 @@ PrecisionConfig.format onto them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Dict, Optional
 
 from models.gemms import ATTENTION_KIND, Gemm
-from models.quant.format_registry import FORMAT_SPECS, FormatSpec
+from models.quant.format_registry import FORMAT_SPECS, FormatSpec, OperandCosts
 from trainer.hardware import GpuSpec
 
 HIGH_PRECISION_BYTES = 2
@@ -54,39 +54,15 @@ OUTPUT_BYTES = 2
 
 
 @dataclass(frozen=True)
-class FormatCost:
-    """What one GEMM input format costs in memory traffic, and which peak rate it runs at."""
+class FormatCost(OperandCosts):
+    """What one GEMM input format costs in memory traffic, and which peak rate it runs at.
+
+    The registry's cost fields (OperandCosts, models/quant/format_registry.py) under the report's
+    name; ``costs_for_recipe`` adjusts them for a recipe.
+    """
 
     name: str
     label: str
-    peak_key: str
-    """Key of trainer.hardware.GpuSpec.peak_flops giving this format's dense tensor-core rate."""
-    element_bytes: float
-    vector_block: int = 1
-    """Elements per scale of activation and gradient operands (blocks along the reduction dim)."""
-    vector_scale_bytes: float = 0.0
-    weight_block: int = 1
-    """Elements per scale of the weight operand (a 2D tile counts its area)."""
-    weight_scale_bytes: float = 0.0
-    weight_transpose_invariant: bool = True
-    """Dgrad can reuse Fprop's quantized W (2D tiles or a per-tensor scale)."""
-    amax_pass: bool = False
-    """A per-tensor scale needs the tensor's amax first: the high-precision operand is read twice."""
-    tensor_scale_bytes: float = 0.0
-
-    def vector_bytes(self, elements: float) -> float:
-        """Bytes of an activation/gradient operand of ``elements`` values in this format (scales included)."""
-        scales = elements / self.vector_block * self.vector_scale_bytes if self.vector_scale_bytes else 0.0
-        return elements * self.element_bytes + scales + self.tensor_scale_bytes
-
-    def weight_bytes(self, elements: float) -> float:
-        """Bytes of a weight operand of ``elements`` values in this format (scales included)."""
-        scales = elements / self.weight_block * self.weight_scale_bytes if self.weight_scale_bytes else 0.0
-        return elements * self.element_bytes + scales + self.tensor_scale_bytes
-
-    @property
-    def reads_per_quantization(self) -> int:
-        return 2 if self.amax_pass else 1
 
 
 REPORT_NAMES = {"fp8_block": "fp8"}
@@ -94,19 +70,14 @@ REPORT_NAMES = {"fp8_block": "fp8"}
 
 
 def _cost_from_registry(spec: FormatSpec) -> FormatCost:
-    return FormatCost(
-        REPORT_NAMES.get(spec.name, spec.name), spec.label, spec.peak_key, spec.element_bytes,
-        vector_block=spec.vector_block, vector_scale_bytes=spec.vector_scale_bytes,
-        weight_block=spec.weight_block, weight_scale_bytes=spec.weight_scale_bytes,
-        weight_transpose_invariant=spec.weight_transpose_invariant, amax_pass=spec.amax_pass,
-        tensor_scale_bytes=spec.tensor_scale_bytes,
-    )
+    costs = {field.name: getattr(spec, field.name) for field in fields(OperandCosts)}
+    return FormatCost(REPORT_NAMES.get(spec.name, spec.name), spec.label, **costs)
 
 
 # The cost of every format of the registry (models/quant/format_registry.py holds the bytes and
 # block sizes), by the report's name, plus BF16.
 FORMAT_COSTS: Dict[str, FormatCost] = {
-    "bf16": FormatCost("bf16", "BF16", "bf16", 2.0),
+    "bf16": FormatCost("bf16", "BF16", peak_key="bf16", element_bytes=2.0),
     **{REPORT_NAMES.get(name, name): _cost_from_registry(spec) for name, spec in FORMAT_SPECS.items()},
 }
 DEFAULT_FORMATS = ("fp8", "mxfp8", "nvfp4")

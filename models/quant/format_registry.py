@@ -56,8 +56,43 @@ class Capability:
         return capability >= self.minimum and (self.below is None or capability < self.below)
 
 
+@dataclass(frozen=True, kw_only=True)
+class OperandCosts:
+    """What a format costs the GEMM cost model (reports/gemm_costs.py): storage and traffic per operand."""
+
+    element_bytes: float = 1.0
+    vector_block: int = 1
+    """Elements per scale of activation and gradient operands (blocks along the reduction dim)."""
+    vector_scale_bytes: float = 0.0
+    weight_block: int = 1
+    """Elements per scale of the weight operand (a 2D tile counts its area)."""
+    weight_scale_bytes: float = 0.0
+    weight_transpose_invariant: bool = True
+    """Dgrad can reuse Fprop's quantized W (2D tiles or a per-tensor scale)."""
+    amax_pass: bool = False
+    """A per-tensor scale needs the tensor's amax first: the high-precision operand is read twice."""
+    tensor_scale_bytes: float = 0.0
+    peak_key: str = "fp8"
+    """Key of trainer.hardware.GpuSpec.peak_flops: the dense tensor-core rate this format runs at."""
+
+
+    def vector_bytes(self, elements: float) -> float:
+        """Bytes of an activation/gradient operand of ``elements`` values in this format (scales included)."""
+        scales = elements / self.vector_block * self.vector_scale_bytes if self.vector_scale_bytes else 0.0
+        return elements * self.element_bytes + scales + self.tensor_scale_bytes
+
+    def weight_bytes(self, elements: float) -> float:
+        """Bytes of a weight operand of ``elements`` values in this format (scales included)."""
+        scales = elements / self.weight_block * self.weight_scale_bytes if self.weight_scale_bytes else 0.0
+        return elements * self.element_bytes + scales + self.tensor_scale_bytes
+
+    @property
+    def reads_per_quantization(self) -> int:
+        return 2 if self.amax_pass else 1
+
+
 @dataclass(frozen=True)
-class FormatSpec:
+class FormatSpec(OperandCosts):
     """Everything the code needs to know about one format (or recipe variant)."""
 
     name: str
@@ -79,22 +114,6 @@ class FormatSpec:
     """Transformer Engine recipe class (transformer_engine.common.recipe); None: no TE training recipe."""
     te_recipe_options: Callable[..., Dict[str, object]] = lambda cfg: {}
     """PrecisionConfig -> that recipe's keyword arguments (as plain data; te_backend builds the recipe)."""
-    # ---- GEMM cost model: storage and traffic per operand
-    element_bytes: float = 1.0
-    vector_block: int = 1
-    """Elements per scale of activation and gradient operands (blocks along the reduction dim)."""
-    vector_scale_bytes: float = 0.0
-    weight_block: int = 1
-    """Elements per scale of the weight operand (a 2D tile counts its area)."""
-    weight_scale_bytes: float = 0.0
-    weight_transpose_invariant: bool = True
-    """Dgrad can reuse Fprop's quantized W (2D tiles or a per-tensor scale)."""
-    amax_pass: bool = False
-    """A per-tensor scale needs the tensor's amax first: the high-precision operand is read twice."""
-    tensor_scale_bytes: float = 0.0
-    peak_key: str = "fp8"
-    """Key of trainer.hardware.GpuSpec.peak_flops: the dense tensor-core rate this format runs at."""
-
     @property
     def quantizes_as(self) -> str:
         """The element format of the operands (``formats.quantize``'s ``fmt``)."""
