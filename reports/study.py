@@ -228,7 +228,8 @@ def _record_run(study: dict, name: str, run_dir: Path, exit_code: int, wall: flo
         "exit_code": exit_code,
         "wall_s": round(wall + previous.get("wall_s", 0.0), 1),
         "calls": previous.get("calls", 0) + 1,
-        "side_by_side_with": beside,
+        "side_by_side_with": sorted(set(previous.get("side_by_side_with", [])) | set(beside)),
+        "side_by_side_per_call": previous.get("side_by_side_per_call", []) + [beside],
         "tokens_per_s_median": rate,
         "system": system,
     }

@@ -32,3 +32,21 @@ def test_table_rows_match_the_metrics_and_the_doc(tmp_path):
         assert float(cells[6].rstrip("%")) == pytest.approx(100 * (final_val_loss(name) / reference - 1), abs=0.006)
     assert (tmp_path / "study_main.png").is_file()
     assert text in (REPOSITORY / "docs" / "study.md").read_text()  # the doc holds the current table
+
+
+def test_run_record_accumulates_over_resumed_calls(tmp_path):
+    """A run stopped and resumed keeps every call's wall time and its neighbours, not only the last."""
+    from reports import study as study_module
+
+    study = {"runs": {"a": {"experiment": "study_nvfp4", "overrides": [], "about": "x"}}}
+    run_dir = tmp_path / "a"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("seed: 0\n")
+    (run_dir / "train.log").write_text("preempted at step 5: checkpoint saved\n")
+    first = study_module._record_run(study, "a", run_dir, 0, 10.0, 100.0, [], ["b", "c"], {})
+    assert first["status"] == "stopped" and first["calls"] == 1
+    (run_dir / "train.log").write_text("preempted at step 5: checkpoint saved\ndone\n")
+    second = study_module._record_run(study, "a", run_dir, 0, 5.0, 100.0, [], ["b"], {})
+    assert second["calls"] == 2 and second["wall_s"] == 15.0
+    assert second["side_by_side_per_call"] == [["b", "c"], ["b"]]
+    assert second["side_by_side_with"] == ["b", "c"]
