@@ -81,8 +81,10 @@ class KernelQuantized:
 # 3.4028234663852886e38 = FLT_MAX, 0.015625 = 2^-6 (smallest normal E4M3).
 
 if triton is not None:
-    from models.quant.triton_common import abs_nan_to_inf as _abs_nan_to_inf
-    from models.quant.triton_common import e4m3_round, nan_fp32
+    # Imported under their own names: Inductor compiles a kernel called inside torch.compile by
+    # splicing the source of every jit helper it calls, which defines the helper under its
+    # __name__; an alias would leave the kernel calling an undefined name.
+    from models.quant.triton_common import abs_nan_to_inf, e4m3_round, nan_fp32
 
     @triton.jit
     def _round_to_bf16(y):
@@ -258,7 +260,7 @@ if triton is not None:
             mask = (row < rows)[:, None] & (col < cols)[None, :] & (tile < num_tiles)
             offsets = row.to(tl.int64)[:, None] * cols + col[None, :]
             x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            accumulator = tl.maximum(accumulator, _abs_nan_to_inf(x))
+            accumulator = tl.maximum(accumulator, abs_nan_to_inf(x))
         tl.store(partials_ptr + pid, tl.max(tl.max(accumulator, axis=1), axis=0))
 
     @triton.jit
@@ -302,21 +304,21 @@ if triton is not None:
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, ROUND_BF16
             )
-            block = tl.maximum(_abs_nan_to_inf(x0), _abs_nan_to_inf(x1))
-            block = tl.maximum(block, _abs_nan_to_inf(x2))
-            block = tl.maximum(block, _abs_nan_to_inf(x3))
-            block = tl.maximum(block, _abs_nan_to_inf(x4))
-            block = tl.maximum(block, _abs_nan_to_inf(x5))
-            block = tl.maximum(block, _abs_nan_to_inf(x6))
-            block = tl.maximum(block, _abs_nan_to_inf(x7))
-            block = tl.maximum(block, _abs_nan_to_inf(x8))
-            block = tl.maximum(block, _abs_nan_to_inf(x9))
-            block = tl.maximum(block, _abs_nan_to_inf(x10))
-            block = tl.maximum(block, _abs_nan_to_inf(x11))
-            block = tl.maximum(block, _abs_nan_to_inf(x12))
-            block = tl.maximum(block, _abs_nan_to_inf(x13))
-            block = tl.maximum(block, _abs_nan_to_inf(x14))
-            block = tl.maximum(block, _abs_nan_to_inf(x15))
+            block = tl.maximum(abs_nan_to_inf(x0), abs_nan_to_inf(x1))
+            block = tl.maximum(block, abs_nan_to_inf(x2))
+            block = tl.maximum(block, abs_nan_to_inf(x3))
+            block = tl.maximum(block, abs_nan_to_inf(x4))
+            block = tl.maximum(block, abs_nan_to_inf(x5))
+            block = tl.maximum(block, abs_nan_to_inf(x6))
+            block = tl.maximum(block, abs_nan_to_inf(x7))
+            block = tl.maximum(block, abs_nan_to_inf(x8))
+            block = tl.maximum(block, abs_nan_to_inf(x9))
+            block = tl.maximum(block, abs_nan_to_inf(x10))
+            block = tl.maximum(block, abs_nan_to_inf(x11))
+            block = tl.maximum(block, abs_nan_to_inf(x12))
+            block = tl.maximum(block, abs_nan_to_inf(x13))
+            block = tl.maximum(block, abs_nan_to_inf(x14))
+            block = tl.maximum(block, abs_nan_to_inf(x15))
             accumulator = tl.maximum(accumulator, block)
         tl.store(partials_ptr + pid, tl.max(tl.max(accumulator, axis=1), axis=0))
 

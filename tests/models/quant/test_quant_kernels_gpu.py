@@ -198,3 +198,29 @@ def test_quant_linear_kernels_match_torch_path(kernels):
     # views (no copy), which may change the fp32 accumulation order: allow one bf16 rounding step.
     torch.testing.assert_close(dw_fast, dw_ref, rtol=2**-7, atol=0)
     assert (dw_fast == dw_ref).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("stochastic_rounding", [False, True])
+def test_quant_linear_compiled_with_inductor_matches_eager(kernels, stochastic_rounding):
+    """The kernels inside torch.compile (Inductor compiles each user Triton kernel from spliced
+    source: a helper imported under an alias once broke exactly this) give the eager results."""
+    from models.quant.linear import QuantLinear, nvfp4_linear_spec
+
+    torch.manual_seed(0)
+    module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=stochastic_rounding)).cuda()
+    compiled = torch.compile(module, backend="inductor", fullgraph=False)
+    x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(4, 64, 384, device="cuda", dtype=torch.bfloat16)
+    results = []
+    for run in (module, compiled):
+        if hasattr(module, "set_step"):
+            module.set_step(7)  # the same stochastic-rounding draws in both runs
+        module.weight.grad = None
+        xi = x.clone().requires_grad_(True)
+        y = run(xi)
+        y.backward(dy)
+        results.append((y, xi.grad, module.weight.grad.clone()))
+    (y_eager, dx_eager, dw_eager), (y_compiled, dx_compiled, dw_compiled) = results
+    assert torch.isfinite(y_compiled).all() and torch.isfinite(dw_compiled).all()
+    assert torch.equal(y_compiled, y_eager) and torch.equal(dx_compiled, dx_eager)
+    torch.testing.assert_close(dw_compiled, dw_eager, rtol=2**-7, atol=0)
