@@ -83,7 +83,8 @@ every format element by element against ml_dtypes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from functools import partial
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -490,15 +491,28 @@ def _fp8_scale_from_amax(amax, *, power_of_two: bool, value_for_inf: float):
 # Per format: codes (quantize) and values (quantize_scaled_values, fake_quantize)
 
 
-def _quantize_nvfp4(x2d, tile, rounding, uniform):
+class _Encoded(NamedTuple):
+    """A format's codes path: what ``quantize`` stores in a QuantizedTensor (x2d's [rows, cols])."""
+
+    codes: torch.Tensor
+    block_scales: Optional[torch.Tensor]
+    tensor_scale: Optional[torch.Tensor]
+    amax: Optional[torch.Tensor] = None
+
+
+# Every format's two paths take the same arguments: (x2d [rows, cols], resolved tile, rounding,
+# uniforms or None, power_of_two_scales, input_max = the input dtype's largest finite value).
+
+
+def _nvfp4_codes(x2d, tile, rounding, uniform, power_of_two_scales, input_max) -> _Encoded:
     blocked = _blocked_view(x2d.float(), tile)
     block_scale, reciprocal, decode, amax = _nvfp4_scales(blocked.abs())
     scaled = blocked * reciprocal
     codes = _round_e2m1(scaled, rounding, None if uniform is None else _blocked_view(uniform, tile))
-    return codes, block_scale[:, 0, :, 0], decode, amax
+    return _Encoded(codes, block_scale[:, 0, :, 0], decode, amax)
 
 
-def _nvfp4_values(x2d, tile, rounding, uniform):
+def _nvfp4_values(x2d, tile, rounding, uniform, power_of_two_scales, input_max):
     """(q * s_b fp32 blocked, S_dec) without codes."""
     blocked = _blocked_view(x2d.float(), tile)
     magnitude = blocked.abs()
@@ -508,7 +522,7 @@ def _nvfp4_values(x2d, tile, rounding, uniform):
     return _e2m1_scaled_values(blocked, magnitude, block_scale.float(), rounding, uniform), decode
 
 
-def _quantize_mx(x2d, fmt, tile, rounding, uniform):
+def _mx_codes(fmt, x2d, tile, rounding, uniform, power_of_two_scales, input_max) -> _Encoded:
     blocked = _blocked_view(x2d.float(), tile)
     block_scale = _mx_scales(_block_amax(blocked), fmt)
     scaled = blocked / block_scale.float()  # division by a power of two (or NaN): exact
@@ -516,19 +530,19 @@ def _quantize_mx(x2d, fmt, tile, rounding, uniform):
         codes = _round_e2m1(scaled, rounding, None if uniform is None else _blocked_view(uniform, tile))
     else:
         codes = _round_e4m3(scaled)
-    return codes, block_scale[:, 0, :, 0]
+    return _Encoded(codes, block_scale[:, 0, :, 0], None)
 
 
-def _mx_values(x2d, fmt, tile, rounding, uniform):
-    """q * X (fp32, blocked) without codes."""
+def _mx_values(fmt, x2d, tile, rounding, uniform, power_of_two_scales, input_max):
+    """(q * X fp32 blocked, None) without codes."""
     blocked = _blocked_view(x2d.float(), tile)
     magnitude = blocked.abs()
     scale = _mx_scales(_block_max(magnitude), fmt).float()
     if fmt == "mxfp8":
-        return _round_e4m3(blocked / scale).float().mul_(scale)
+        return _round_e4m3(blocked / scale).float().mul_(scale), None
     magnitude.div_(scale)  # |x| / X = |x / X|
     uniform = None if uniform is None else _blocked_view(uniform, tile)
-    return _e2m1_scaled_values(blocked, magnitude, scale, rounding, uniform)
+    return _e2m1_scaled_values(blocked, magnitude, scale, rounding, uniform), None
 
 
 def _quantize_fp8_scaled(x2d, tile, power_of_two, value_for_inf):
@@ -537,6 +551,47 @@ def _quantize_fp8_scaled(x2d, tile, power_of_two, value_for_inf):
     scale, decode = _fp8_scale_from_amax(amax, power_of_two=power_of_two, value_for_inf=value_for_inf)
     codes = _round_e4m3(blocked * scale)
     return codes, decode
+
+
+def _fp8_block_codes(x2d, tile, rounding, uniform, power_of_two_scales, input_max) -> _Encoded:
+    codes, decode = _quantize_fp8_scaled(x2d, tile, power_of_two_scales, input_max)
+    return _Encoded(codes, decode[:, 0, :, 0], None)
+
+
+def _fp8_block_values(x2d, tile, rounding, uniform, power_of_two_scales, input_max):
+    codes, decode = _quantize_fp8_scaled(x2d, tile, power_of_two_scales, input_max)
+    return codes.float().mul_(decode), None
+
+
+def _fp8_tensor_codes(x2d, tile, rounding, uniform, power_of_two_scales, input_max) -> _Encoded:
+    codes, decode = _quantize_fp8_scaled(x2d, None, False, FLT_MAX)
+    return _Encoded(codes, None, decode.reshape(()))
+
+
+def _fp8_tensor_values(x2d, tile, rounding, uniform, power_of_two_scales, input_max):
+    """(q fp32, S_dec): no block scale, the per-tensor decode scale is applied by the caller."""
+    codes, decode = _quantize_fp8_scaled(x2d, None, False, FLT_MAX)
+    return codes.float(), decode.reshape(())
+
+
+class _ElementQuantizer(NamedTuple):
+    """One element format's two torch paths (the reference the Triton kernels are tested against)."""
+
+    codes: Callable[..., _Encoded]
+    """-> codes, block scales, per-tensor decode scale, amax: what quantize() stores."""
+    values: Callable[..., Tuple[torch.Tensor, Optional[torch.Tensor]]]
+    """-> (q * s_b fp32, per-tensor decode scale or None), bit for bit the codes path's values."""
+
+
+QUANTIZERS = {
+    "nvfp4": _ElementQuantizer(_nvfp4_codes, _nvfp4_values),
+    "mxfp4": _ElementQuantizer(partial(_mx_codes, "mxfp4"), partial(_mx_values, "mxfp4")),
+    "mxfp8": _ElementQuantizer(partial(_mx_codes, "mxfp8"), partial(_mx_values, "mxfp8")),
+    "fp8_block": _ElementQuantizer(_fp8_block_codes, _fp8_block_values),
+    "fp8_tensor": _ElementQuantizer(_fp8_tensor_codes, _fp8_tensor_values),
+}
+"""Element format -> its quantize functions: one entry per ``OPERAND_FORMATS`` name of the registry
+(a new element format adds its registry entry and its entry here; tests check the two agree)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -555,6 +610,11 @@ def _checked_tile(x: torch.Tensor, fmt: str, tile, rounding: str, name: Optional
         raise TypeError(f"{where}cannot quantize dtype {x.dtype}; expected one of {_INPUT_DTYPES}")
     check_blockable(x.shape, fmt, tile, name=name)
     return tile
+
+
+def _input_max(x: torch.Tensor) -> float:
+    """The input dtype's largest finite value (fp8_block maps an infinite block amax to it, as TE does)."""
+    return float(torch.finfo(x.dtype).max)
 
 
 def _uniforms(x2d: torch.Tensor, rounding: str, generator) -> Optional[torch.Tensor]:
@@ -596,31 +656,17 @@ def quantize(
     x2d = x.reshape(-1, x.shape[-1])
     uniform = _uniforms(x2d, rounding, generator)
 
-    tensor_scale = None
-    amax = None
-    if fmt == "nvfp4":
-        codes, block_scales, tensor_scale, amax = _quantize_nvfp4(x2d, tile, rounding, uniform)
-    elif fmt in ("mxfp4", "mxfp8"):
-        codes, block_scales = _quantize_mx(x2d, fmt, tile, rounding, uniform)
-    elif fmt == "fp8_block":
-        codes, decode = _quantize_fp8_scaled(
-            x2d, tile, power_of_two_scales, float(torch.finfo(x.dtype).max)
-        )
-        block_scales = decode[:, 0, :, 0]
-    else:  # fp8_tensor
-        codes, decode = _quantize_fp8_scaled(x2d, None, False, FLT_MAX)
-        block_scales = None
-        tensor_scale = decode.reshape(())
+    encoded = QUANTIZERS[fmt].codes(x2d, tile, rounding, uniform, power_of_two_scales, _input_max(x))
     return QuantizedTensor(
         fmt=fmt,
-        codes=codes.reshape(x2d.shape),
-        block_scales=block_scales,
-        tensor_scale=tensor_scale,
+        codes=encoded.codes.reshape(x2d.shape),
+        block_scales=encoded.block_scales,
+        tensor_scale=encoded.tensor_scale,
         tile=tile,
         shape=x.shape,
         dtype=x.dtype,
         power_of_two_scales=(fmt == "fp8_block" and power_of_two_scales),
-        amax=amax,
+        amax=encoded.amax,
     )
 
 
@@ -632,18 +678,7 @@ def _scaled_values_fp32(
     uniform = _uniforms(x2d, rounding, generator)
     if uniform is not None:
         uniform = _laid_out_like(uniform, x2d)
-    tensor_scale = None
-    if fmt == "nvfp4":
-        values, tensor_scale = _nvfp4_values(x2d, tile, rounding, uniform)
-    elif fmt in ("mxfp4", "mxfp8"):
-        values = _mx_values(x2d, fmt, tile, rounding, uniform)
-    elif fmt == "fp8_block":
-        codes, decode = _quantize_fp8_scaled(x2d, tile, power_of_two_scales, float(torch.finfo(x.dtype).max))
-        values = codes.float().mul_(decode)
-    else:  # fp8_tensor: no block scale (q * 1)
-        codes, decode = _quantize_fp8_scaled(x2d, None, False, FLT_MAX)
-        values = codes.float()
-        tensor_scale = decode.reshape(())
+    values, tensor_scale = QUANTIZERS[fmt].values(x2d, tile, rounding, uniform, power_of_two_scales, _input_max(x))
     return values.reshape(x2d.shape), tensor_scale
 
 

@@ -92,3 +92,13 @@ def test_mxfp8_wgrad_rht_wgrad_operands_are_rht_then_mxfp8(monkeypatch):
     plain = formats.quantize(dy.t().contiguous(), "mxfp8").dequantize().double().numpy() @ \
         formats.quantize(x.detach().t().contiguous(), "mxfp8").dequantize().double().numpy().T
     assert not np.allclose(plain, a_hat @ b_hat.T, rtol=1e-5, atol=1e-5), "the RHT changes what is quantized"
+
+
+def test_every_element_format_has_its_quantize_functions_and_nothing_else():
+    assert set(formats.QUANTIZERS) == set(OPERAND_FORMATS)
+    x = torch.randn(32, 128)
+    for fmt in OPERAND_FORMATS:
+        quantized = formats.quantize(x, fmt)  # dispatched through QUANTIZERS[fmt]
+        assert quantized.fmt == fmt and quantized.codes.shape == x.shape
+        values, _ = formats.quantize_scaled_values(x, fmt, dtype=torch.float32)
+        assert torch.equal(values, quantized.scaled_values(torch.float32)), fmt
