@@ -121,22 +121,21 @@ def quantization_diagnostics(
     x: torch.Tensor,
     fmt: str,
     *,
-    tile=None,
-    rounding: str = "nearest",
-    generator: Optional[torch.Generator] = None,
-    power_of_two_scales: bool = True,
     rht: bool = False,
     max_elements: Optional[int] = DEFAULT_MAX_ELEMENTS,
     name: Optional[str] = None,
+    **quantize_options,
 ) -> dict:
     """Error, flush-to-zero, saturation and underflow of quantizing ``x`` to ``fmt`` (see the module docstring).
 
+    ``quantize_options``: ``formats.quantize``'s keywords (tile, rounding, generator,
+    power_of_two_scales), passed through unchanged; the quantization measured is exactly that call's.
     ``x``: any shape, blocks along the last dim (the GEMM's reduction dim). ``rht``: apply the 16x16
     random Hadamard transform along the last dim first (as NVFP4's Wgrad does); the error is then
     measured in the transformed space, which is the same (the transform is orthogonal).
     ``max_elements``: sample whole row groups above this many elements (None: never sample).
     """
-    tile = formats.resolve_tile(fmt, tile)
+    tile = quantize_options["tile"] = formats.resolve_tile(fmt, quantize_options.get("tile"))
     formats.check_blockable(x.shape, fmt, tile, name=name)
     x2d = x.detach().reshape(-1, x.shape[-1])
     amax = x2d.float().abs().amax()
@@ -148,10 +147,7 @@ def quantization_diagnostics(
     sample = x2d if sampled_rows is None else x2d[sampled_rows]
     if rht:
         sample = random_hadamard_transform(sample, name=name)
-    quantized = formats.quantize(
-        sample, fmt, tile=tile, rounding=rounding, generator=generator, power_of_two_scales=power_of_two_scales,
-        name=name,
-    )
+    quantized = formats.quantize(sample, fmt, name=name, **quantize_options)
     values = sample.float()
     restored = quantized.dequantize(torch.float32)
 
@@ -200,7 +196,7 @@ def quantization_diagnostics(
     return {
         "fmt": fmt,
         "tile": tile,
-        "rounding": rounding,
+        "rounding": quantize_options.get("rounding", "nearest"),
         "rht": rht,
         "rel_error": stats[0],
         "flushed_to_zero": stats[1],
