@@ -7,7 +7,8 @@ apply_precision -> parallelize) and timed with CUDA events (benchmarks.timing) a
   step       the trainer's step (trainer.loop.train_step: fwd+bwd, gradient clipping, the loss
              and grad norm read back) + fused AdamW (a full optimizer step)
 
-and, optionally, a per-component breakdown of one profiled fwd+bwd (projections, SSD, conv,
+then where its memory goes (benchmarks.memory: weights by dtype, buffers, gradients, optimizer
+states, activations at the fwd+bwd peak) and, optionally, a per-component breakdown of one profiled fwd+bwd (projections, SSD, conv,
 norms, attention, quantization, loss, other) from the PyTorch profiler's CUDA kernel times.
 """
 
@@ -21,15 +22,15 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 import torch
-import torch.nn.functional as F
 
+from benchmarks.memory import activation_peak, tensor_memory
 from benchmarks.timing import cuda_times_ms
 from models.flops import flops_per_token
 from models.quant.recipe import apply_precision
 from trainer.config import TrainConfig, compose
 from trainer.distributed import DistEnv, parallelize
 from trainer.hardware import bf16_peak_flops
-from trainer.loop import build_model_on, train_step
+from trainer.loop import build_model_on, forward_backward, train_step
 from trainer.optim import build_optimizer
 
 # name -> config overrides. fp8 runs natively through torch._scaled_mm; nvfp4 is emulated on
@@ -37,6 +38,7 @@ from trainer.optim import build_optimizer
 PRECISIONS = {
     "bf16": ["precision=bf16"],
     "fp8": ["precision=fp8", "precision.backend=torch"],
+    "fp8_lm_head": ["precision=fp8", "precision.backend=torch", "precision.quantize_lm_head=true"],
     "nvfp4": ["precision=nvfp4", "precision.backend=emulated"],
     "nvfp4_te": ["precision=nvfp4", "precision.backend=te"],
     "fp8_te": ["precision=fp8", "precision.backend=te"],
@@ -135,12 +137,8 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
     batch = {"inputs": torch.randint(0, vocab, (settings.micro_batch, seq), device=device),
              "labels": torch.randint(0, vocab, (settings.micro_batch, seq), device=device)}
 
-    def forward_backward():  # train_step's micro-step alone: no clipping, no read-back
-        with autocast:
-            logits = model(batch["inputs"])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten())
-        loss.backward()
-        return loss
+    def fwd_bwd_only():  # train_step's micro-step alone: no clipping, no read-back
+        return forward_backward(model, batch, autocast, device)
 
     def full_step():
         train_step(model, optimizer, itertools.repeat(batch), 1, autocast, device, 1.0, lambda: None)
@@ -148,13 +146,17 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     started = time.time()
-    forward_backward()  # first call: compile, autotune, lazy init
+    fwd_bwd_only()  # first call: compile, autotune, lazy init
     optimizer.zero_grad(set_to_none=True)
     first_call_s = time.time() - started
-    fwd_bwd = cuda_times_ms(lambda: (forward_backward(), optimizer.zero_grad(set_to_none=True)), settings.warmup,
+    fwd_bwd = cuda_times_ms(lambda: (fwd_bwd_only(), optimizer.zero_grad(set_to_none=True)), settings.warmup,
                             settings.iters, synchronize_each=True)
     step = cuda_times_ms(full_step, 2, settings.iters, synchronize_each=True)
-    breakdown = profile_breakdown(forward_backward) if settings.profile else {}
+    breakdown = profile_breakdown(fwd_bwd_only) if settings.profile else {}
+    peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30  # over everything above
+    optimizer.zero_grad(set_to_none=True)
+    activations_gib = activation_peak(fwd_bwd_only, model)
+    memory = {**tensor_memory(model, optimizer), "activations": activations_gib}  # grads and states exist now
     optimizer.zero_grad(set_to_none=True)
     tokens = settings.micro_batch * seq
     flops = flops_per_token(cfg.model, seq) * tokens
@@ -170,7 +172,8 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
         "tokens_per_s": tokens / (median / 1000),
         "mfu": flops / (median / 1000) / peak,
         "step_mfu": flops / (step_median / 1000) / peak,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_memory_gib": peak_memory_gib,
+        "memory_gib": memory,
         "model_tflop_per_step": flops / 1e12,
         "first_call_s": first_call_s,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -195,6 +198,10 @@ def render(results: List[dict]) -> str:
         ratio = r["fwd_bwd_ms"] / base["fwd_bwd_ms"] if base else float("nan")
         lines.append(f"{r['precision']:<10} {r['backend']:<9} {r['fwd_bwd_ms']:>10.1f} {r['step_ms']:>8.1f} "
                      f"{r['tokens_per_s']:>9,.0f} {100 * r['mfu']:>5.1f}% {r['peak_memory_gib']:>8.1f} {ratio:>6.2f}x")
+    for r in results:
+        if r.get("memory_gib"):
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in r["memory_gib"].items())
+            lines.append(f"  {r['precision']} memory (GiB of {r['peak_memory_gib']:.1f} peak): {parts}")
     for r in results:
         if r.get("components_ms"):
             total = sum(r["components_ms"].values())

@@ -24,6 +24,7 @@ import gc
 import json
 import platform
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
         try:
             results.append(bench_precision(precision, settings))
         except Exception as error:  # noqa: BLE001 - report and go on with the next precision
+            traceback.print_exc()  # the whole cause on stderr; the table keeps one line
             results.append({"precision": precision, "error": f"{type(error).__name__}: {str(error)[:300]}"})
             gc.collect()
             torch.cuda.empty_cache()

@@ -279,6 +279,21 @@ def build_model_on(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     return model
 
 
+def forward_backward(model, batch, autocast, device: torch.device, accumulation: int = 1) -> torch.Tensor:
+    """One micro-batch: forward, the fp32 loss divided by ``accumulation``, backward; the loss, detached.
+
+    batch: "inputs" and "labels", [B, T] token ids. No host sync (the benchmark times this alone).
+    """
+    inputs = batch["inputs"].to(device, non_blocking=True)
+    labels = batch["labels"].to(device, non_blocking=True)
+    with autocast:
+        logits = model(inputs)
+    # [B, T, V] -> [B*T, V]; the loss in fp32 whatever the compute dtype
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / accumulation
+    loss.backward()
+    return loss.detach()
+
+
 def train_step(model, optimizer, loader, accumulation: int, autocast, device: torch.device,
                grad_clip: float, after_backward: Callable[[], None]):
     """Forward and backward over `accumulation` micro-batches; returns (mean loss, global grad norm).
@@ -289,17 +304,9 @@ def train_step(model, optimizer, loader, accumulation: int, autocast, device: to
     set_sync = getattr(model, "set_requires_gradient_sync", None)  # present under FSDP2
     loss_sum = torch.zeros((), device=device)
     for micro_step in range(accumulation):
-        batch = next(loader)
-        inputs = batch["inputs"].to(device, non_blocking=True)
-        labels = batch["labels"].to(device, non_blocking=True)
         if set_sync is not None:
             set_sync(micro_step == accumulation - 1)  # reduce-scatter gradients once, at the end
-        with autocast:
-            logits = model(inputs)
-        # [B, T, V] -> [B*T, V]; the loss in fp32 whatever the compute dtype
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / accumulation
-        loss.backward()
-        loss_sum += loss.detach()
+        loss_sum += forward_backward(model, next(loader), autocast, device, accumulation)
     after_backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"),
                                                foreach=device.type == "cuda")

@@ -29,6 +29,9 @@ class PrecisionConfig:
     """Number of trailing pattern symbols (blocks) whose linears stay in BF16."""
     bf16_layer_globs: List[str] = field(default_factory=list)
     """fnmatch globs of linear names kept in BF16 as well, e.g. 'layers.*.mixer.o_proj'."""
+    quantize_lm_head: bool = False
+    """Quantize the output projection (lm_head) in the recipe's format too. Off as in the paper, which
+    keeps it BF16; on for measuring what that costs (scripts/benchmark.py's lm_head-in-FP8 row)."""
     keep_indivisible_in_bf16: bool = False
     """Keep a linear whose dims do not divide the format's block size in BF16 (logged in the plan) instead of failing."""
     quantize_fprop: bool = True

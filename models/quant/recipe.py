@@ -3,7 +3,8 @@
 `apply_precision(model, cfg)` runs once on the built model, before activation checkpointing,
 compile and FSDP. It:
   1. plans every nn.Linear by its fully qualified name (`plan_layers`, pure, meta-safe):
-     - `lm_head` stays BF16 always (the paper keeps the output projection in BF16);
+     - `lm_head` stays BF16 (the paper keeps the output projection in BF16) unless
+       `quantize_lm_head`, which gives it the recipe's format like a block linear;
      - blocks among the first `bf16_layers_at_start` or last `bf16_layers_at_end` pattern
        symbols stay BF16 (a symbol counts as one layer, as Megatron's
        --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 count it);
@@ -207,8 +208,10 @@ def plan_layers(model: nn.Module, cfg: PrecisionConfig) -> List[LayerPlan]:
         plan = LayerPlan(name, module.in_features, module.out_features, block_index, symbol, bf16, reason="")
         if cfg.format == "bf16":
             plan.reason = "recipe is bf16"
-        elif name == "lm_head" or block_index is None:
-            plan.reason = "output projection stays BF16" if name == "lm_head" else "outside the blocks"
+        elif name == "lm_head" and not cfg.quantize_lm_head:
+            plan.reason = "output projection stays BF16"
+        elif block_index is None and name != "lm_head":
+            plan.reason = "outside the blocks"
         elif block_index in bf16_blocks:
             first = block_index < cfg.bf16_layers_at_start
             plan.reason = (f"first {cfg.bf16_layers_at_start} blocks in BF16" if first

@@ -181,3 +181,18 @@ def test_plan_render_lists_every_linear_and_shares():
     summary = plan.summary()
     assert summary["bf16_linear_layers"] == 2  # the last block is an MLP: up_proj, down_proj
     assert abs(sum(summary["flop_share_by_format"].values()) - 1) < 1e-9
+
+
+def test_quantize_lm_head_gives_the_output_projection_the_recipe_and_changes_nothing_else():
+    model = build_model(load_model_yaml("tiny"))
+    cfg = load_precision_yaml("nvfp4")
+    default = {layer.name: layer for layer in plan_layers(model, cfg)}
+    with_head = {layer.name: layer for layer in plan_layers(model, dataclasses.replace(cfg, quantize_lm_head=True))}
+    assert not default["lm_head"].quantized
+    assert with_head["lm_head"].gemm_formats == {"fprop": "nvfp4", "dgrad": "nvfp4", "wgrad": "nvfp4"}
+    assert {n: l.gemm_formats for n, l in default.items() if n != "lm_head"} == \
+        {n: l.gemm_formats for n, l in with_head.items() if n != "lm_head"}
+    plan = apply_precision(model, dataclasses.replace(cfg, quantize_lm_head=True), device=torch.device("cpu"))
+    assert type(model.lm_head).__name__ != "Linear" and plan.layers[-1].name == "lm_head"
+    logits = model(torch.randint(0, model.config.vocab_size, (1, 16)))
+    assert logits.shape[-1] == model.config.vocab_size and torch.isfinite(logits).all()

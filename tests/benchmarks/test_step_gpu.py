@@ -1,0 +1,30 @@
+"""The step benchmark on a tiny model: times, the memory breakdown and the table (GPU only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.step import StepBenchmark, bench_precision, render
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8_lm_head"])
+def test_bench_precision_on_a_tiny_model_reports_where_memory_goes(precision):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (run `pytest -m gpu` on the GPU machine)")
+    if precision.startswith("fp8") and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the torch FP8 blockwise backend needs compute capability 9.x")
+    settings = StepBenchmark(model="study", seq_len=256, micro_batch=2, warmup=1, iters=2, profile=False)
+    result = bench_precision(precision, settings)
+    memory = result["memory_gib"]
+    assert memory["weights_float32"] > 0 and memory["gradients"] > 0 and memory["activations"] > 0
+    # AdamW: two fp32 states per fp32 weight (and a step counter each)
+    assert memory["optimizer_states"] == pytest.approx(2 * memory["weights_float32"], rel=0.01)
+    held = memory["weights_float32"] + memory["gradients"] + memory["optimizer_states"] + memory["activations"]
+    assert held <= result["peak_memory_gib"] * 1.01
+    shares = result["plan"]["flop_share_by_format"]
+    if precision == "fp8_lm_head":  # every linear, the output projection included, in FP8
+        assert shares == {"fp8_block": pytest.approx(1.0)}
+    assert f"{precision} memory (GiB" in render([result])
