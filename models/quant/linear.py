@@ -182,9 +182,11 @@ def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype) -> torch.Tensor:
     for scale in (a.decode, b.decode):
         if scale is not None:
             decode = scale if decode is None else decode * scale
-    if decode is not None:
-        out = out * decode
-    return out.to(compute_dtype)
+    if decode is None:
+        return out.to(compute_dtype)
+    # (out * S_dec) rounded once to the compute dtype, in one pass over the fp32 GEMM output:
+    # TensorIterator multiplies in fp32 and casts on the write, bit for bit (out * decode).to(dtype).
+    return torch.mul(out, decode, out=torch.empty(out.shape, dtype=compute_dtype, device=out.device))
 
 
 class QuantLinearFunction(torch.autograd.Function):
