@@ -12,8 +12,6 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8_lm_head"])
 def test_bench_precision_on_a_tiny_model_reports_where_memory_goes(precision):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (run `pytest -m gpu` on the GPU machine)")
     if precision.startswith("fp8") and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the torch FP8 blockwise backend needs compute capability 9.x")
     settings = StepBenchmark(model="study", seq_len=256, micro_batch=2, warmup=1, iters=2, profile=False)
