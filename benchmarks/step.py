@@ -89,8 +89,18 @@ def classify(kernel: str) -> str:
     return "other (elementwise, copies)"
 
 
+def is_kernel(key: str) -> bool:
+    """Whether a CUDA profiler event is a kernel, not a range annotation around kernels.
+
+    torch.compile marks each compiled graph call with a GPU-side range ("## Call CompiledFxGraph
+    <hash> ##") whose device time is that of the kernels inside it; counting it too would count
+    those kernels twice (it inflated "other" by ~90 ms on the slice).
+    """
+    return not key.startswith("##")
+
+
 def profile_breakdown(fn) -> Dict[str, float]:
-    """CUDA kernel time per component over one call of fn, in ms."""
+    """CUDA kernel time per component over one call of fn, in ms (annotations excluded)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -103,7 +113,7 @@ def profile_breakdown(fn) -> Dict[str, float]:
         if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
             continue  # CPU-side ops: their kernels are counted as kernel events below
         device_us = getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
-        if device_us <= 0:
+        if device_us <= 0 or not is_kernel(event.key):
             continue
         component = classify(event.key)
         totals[component] = totals.get(component, 0.0) + device_us / 1000
