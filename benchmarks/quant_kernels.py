@@ -7,7 +7,8 @@ the whole quantize call (amax pass + quantize pass) with CUDA events (benchmarks
 floor: (bytes read once + bytes written) / the device-to-device copy bandwidth measured in the
 same run. "of copy bw" = floor time / measured time (1.0 = as fast as a copy moving those bytes).
 The kernels run with a few launch configurations (the first listed is the module's default); the
-best one per kernel is marked with *. The amax pass is also timed alone, against a read of x. Before timing, each
+best one per kernel is marked with *. The amax pass is also timed alone, against a read of x: torch's
+max-abs reduction and the persistent Triton kernel (tile rows, cols, warps, programs per SM). Before timing, each
 RNE kernel is checked bit for bit against the torch reference on the benchmark tensor.
 """
 
@@ -21,9 +22,10 @@ from models.quant.formats import quantize
 from models.quant.rht import rht
 
 # (tile rows, tile cols, num_warps) and (groups of 16 rows, cols, num_warps); the first is the default.
-ROWS_CONFIGS = [kernels.ROWS_CONFIG, (16, 128, 8), (16, 256, 4), (16, 256, 8), (32, 128, 8), (16, 64, 2), (32, 256, 8)]
-COLUMNS_CONFIGS = [kernels.COLUMNS_CONFIG, (2, 128, 4), (1, 128, 4), (1, 256, 8), (4, 64, 8), (2, 256, 8), (4, 128, 8)]
-AMAX_CONFIGS = [kernels.AMAX_CONFIG, (32, 256, 8), (16, 128, 4), (16, 512, 8)]
+ROWS_CONFIGS = [kernels.ROWS_CONFIG, (16, 256, 8), (32, 128, 8)]
+COLUMNS_CONFIGS = [kernels.COLUMNS_CONFIG, (1, 128, 4), (2, 256, 8)]
+AMAX_CONFIGS = [kernels.AMAX_CONFIG, (32, 256, 8), (8, 256, 4)]  # x programs per SM below
+AMAX_PROGRAMS_PER_SM = [kernels.AMAX_PROGRAMS_PER_SM, 16]
 
 
 def time_ms(fn, *, iterations: int, warmup: int) -> float:
@@ -113,17 +115,24 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
 
     # The first pass alone (amax + finalize), for the share of the total; its floor is a read of x.
     read_floor_ms = x.numel() * x.element_size() / bandwidth * 1e3
-    default_amax = kernels.AMAX_CONFIG
-    for config in AMAX_CONFIGS:
-        kernels.AMAX_CONFIG = config
-        try:
-            milliseconds = time_ms(lambda: kernels.amax_global_scales(x, rht=False), **timing)
-            rows.append({"name": "amax pass only (read floor)", "config": list(config), "ms": milliseconds,
-                         "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,
-                         "bit_identical": None, "error": None})
-        except Exception as error:
-            record("amax pass only (read floor)", None, config=list(config), error=f"{type(error).__name__}: {error}")
-    kernels.AMAX_CONFIG = default_amax
+    defaults = (kernels.AMAX_REDUCTION, kernels.AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM)
+    amax_variants = [("torch", None, None)] + [("triton", c, p) for c in AMAX_CONFIGS for p in AMAX_PROGRAMS_PER_SM]
+    try:
+        for reduction, config, programs_per_sm in amax_variants:
+            kernels.AMAX_REDUCTION = reduction
+            if config is not None:
+                kernels.AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM = config, programs_per_sm
+            name = f"amax pass only, {reduction} (read floor)"
+            config_row = None if config is None else [*config, programs_per_sm]
+            try:
+                milliseconds = time_ms(lambda: kernels.amax_global_scales(x, rht=False), **timing)
+                rows.append({"name": name, "config": config_row, "ms": milliseconds,
+                             "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,
+                             "bit_identical": None, "error": None})
+            except Exception as error:
+                record(name, None, config=config_row, error=f"{type(error).__name__}: {error}")
+    finally:
+        kernels.AMAX_REDUCTION, kernels.AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM = defaults
     milliseconds = time_ms(lambda: kernels.amax_global_scales(x, rht=True), **timing)
     rows.append({"name": "amax pass with RHT only (read floor)", "config": None, "ms": milliseconds,
                  "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,

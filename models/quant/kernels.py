@@ -4,7 +4,9 @@ What they compute is exactly ``models.quant.formats.quantize(..., "nvfp4")`` (TE
 see that module's docstring) followed by ``scaled_values()``; ``models.quant.rht.rht`` first for the
 RHT variant. Bit-identical to that torch reference for round-to-nearest (element codes, E4M3 block
 scales, scaled values, per-tensor decode scale); stochastic rounding uses Triton's Philox
-(``tl.rand``) instead of torch's generator, so it matches in distribution, not in draws.
+instead of torch's generator, so it matches in distribution, not in draws. One Philox call
+(``tl.rand4x``, counter = the element offset of the first of four) gives the uniforms of four
+elements: four consecutive columns in the rows kernel, four consecutive rows in the columns kernel.
 
 Orientations (x is a contiguous 2D [rows, cols] CUDA tensor, bf16 or fp32):
 - ``nvfp4_quantize_rows(x)``: 1x16 blocks along the last dim (X for Fprop, dY for Dgrad).
@@ -13,8 +15,9 @@ Orientations (x is a contiguous 2D [rows, cols] CUDA tensor, bf16 or fp32):
   for Wgrad's operands quantized along tokens, written back in x's own [rows, cols] layout
   (scales [rows / 16, cols]) so that no transpose is materialized.
 
-Three launches each: a persistent amax pass writes per-program partial maxima (RHT applied first
-when asked; no atomics, no memset); a one-program finalize reduces them to [S_enc, S_dec]; the
+Three launches each: an amax pass (for the RHT variant a persistent kernel writing per-program
+partial maxima of the transformed values, no atomics, no memset; otherwise torch's max-abs
+reduction, see AMAX_REDUCTION); a one-program finalize reduces them to [S_enc, S_dec]; the
 quantize pass then does, per tile: block amax, E4M3 scale, reciprocal, scaling, E2M1 rounding
 (RNE or stochastic), outputs. NaN/Inf anywhere turns the tensor amax into Inf, and a non-finite
 amax gives a NaN decode scale, as in the reference.
@@ -187,7 +190,8 @@ if triton is not None:
         S_enc = min(2688 / amax, FLT_MAX); 1 if amax == 0 or S_enc == 0; NaN if amax is not finite.
         """
         index = tl.arange(0, PARTIALS_POW2)
-        amax = tl.max(tl.load(partials_ptr + index, mask=index < num_partials, other=0.0), axis=0)
+        # NaN -> Inf before the max (tl.max may drop a NaN): a torch-reduced amax can be NaN.
+        amax = tl.max(abs_nan_to_inf(tl.load(partials_ptr + index, mask=index < num_partials, other=0.0)), axis=0)
         encode = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)
         encode = tl.where(encode > 3.4028234663852886e38, 3.4028234663852886e38, encode)
         encode = tl.where((amax == 0.0) | (encode == 0.0), 1.0, encode)
@@ -246,6 +250,67 @@ if triton is not None:
         return value, code.to(tl.uint8)
 
     @triton.jit
+    def _load_16_rows(base, cols, mask):
+        """Rows 16 g + 0 .. 15 of every 16-row group g: 16 fp32 tensors [GROUPS, BLOCK_C].
+
+        base: pointers to row 16 g (shape [GROUPS, BLOCK_C]); cols: the row stride.
+        """
+        x0 = tl.load(base + 0 * cols, mask=mask, other=0.0).to(tl.float32)
+        x1 = tl.load(base + 1 * cols, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(base + 2 * cols, mask=mask, other=0.0).to(tl.float32)
+        x3 = tl.load(base + 3 * cols, mask=mask, other=0.0).to(tl.float32)
+        x4 = tl.load(base + 4 * cols, mask=mask, other=0.0).to(tl.float32)
+        x5 = tl.load(base + 5 * cols, mask=mask, other=0.0).to(tl.float32)
+        x6 = tl.load(base + 6 * cols, mask=mask, other=0.0).to(tl.float32)
+        x7 = tl.load(base + 7 * cols, mask=mask, other=0.0).to(tl.float32)
+        x8 = tl.load(base + 8 * cols, mask=mask, other=0.0).to(tl.float32)
+        x9 = tl.load(base + 9 * cols, mask=mask, other=0.0).to(tl.float32)
+        x10 = tl.load(base + 10 * cols, mask=mask, other=0.0).to(tl.float32)
+        x11 = tl.load(base + 11 * cols, mask=mask, other=0.0).to(tl.float32)
+        x12 = tl.load(base + 12 * cols, mask=mask, other=0.0).to(tl.float32)
+        x13 = tl.load(base + 13 * cols, mask=mask, other=0.0).to(tl.float32)
+        x14 = tl.load(base + 14 * cols, mask=mask, other=0.0).to(tl.float32)
+        x15 = tl.load(base + 15 * cols, mask=mask, other=0.0).to(tl.float32)
+        return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
+
+    @triton.jit
+    def _max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF: tl.constexpr):
+        """Elementwise max |x_j| over the 16 tensors (NaN -> Inf first if NAN_TO_INF)."""
+        if NAN_TO_INF:
+            block = tl.maximum(abs_nan_to_inf(x0), abs_nan_to_inf(x1))
+            block = tl.maximum(block, abs_nan_to_inf(x2))
+            block = tl.maximum(block, abs_nan_to_inf(x3))
+            block = tl.maximum(block, abs_nan_to_inf(x4))
+            block = tl.maximum(block, abs_nan_to_inf(x5))
+            block = tl.maximum(block, abs_nan_to_inf(x6))
+            block = tl.maximum(block, abs_nan_to_inf(x7))
+            block = tl.maximum(block, abs_nan_to_inf(x8))
+            block = tl.maximum(block, abs_nan_to_inf(x9))
+            block = tl.maximum(block, abs_nan_to_inf(x10))
+            block = tl.maximum(block, abs_nan_to_inf(x11))
+            block = tl.maximum(block, abs_nan_to_inf(x12))
+            block = tl.maximum(block, abs_nan_to_inf(x13))
+            block = tl.maximum(block, abs_nan_to_inf(x14))
+            block = tl.maximum(block, abs_nan_to_inf(x15))
+        else:
+            block = tl.maximum(tl.abs(x0), tl.abs(x1))
+            block = tl.maximum(block, tl.abs(x2))
+            block = tl.maximum(block, tl.abs(x3))
+            block = tl.maximum(block, tl.abs(x4))
+            block = tl.maximum(block, tl.abs(x5))
+            block = tl.maximum(block, tl.abs(x6))
+            block = tl.maximum(block, tl.abs(x7))
+            block = tl.maximum(block, tl.abs(x8))
+            block = tl.maximum(block, tl.abs(x9))
+            block = tl.maximum(block, tl.abs(x10))
+            block = tl.maximum(block, tl.abs(x11))
+            block = tl.maximum(block, tl.abs(x12))
+            block = tl.maximum(block, tl.abs(x13))
+            block = tl.maximum(block, tl.abs(x14))
+            block = tl.maximum(block, tl.abs(x15))
+        return block
+
+    @triton.jit
     def _amax_rows_kernel(
         x_ptr, partials_ptr, rows, cols, num_tiles_c, num_tiles, num_programs,
         BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -285,40 +350,11 @@ if triton is not None:
             col = (tile % num_tiles_c) * BLOCK_C + tl.arange(0, BLOCK_C)
             mask = (group < groups)[:, None] & (col < cols)[None, :] & (tile < num_tiles)
             base = x_ptr + (group.to(tl.int64) * 16)[:, None] * cols + col[None, :]
-            x0 = tl.load(base + 0 * cols, mask=mask, other=0.0).to(tl.float32)
-            x1 = tl.load(base + 1 * cols, mask=mask, other=0.0).to(tl.float32)
-            x2 = tl.load(base + 2 * cols, mask=mask, other=0.0).to(tl.float32)
-            x3 = tl.load(base + 3 * cols, mask=mask, other=0.0).to(tl.float32)
-            x4 = tl.load(base + 4 * cols, mask=mask, other=0.0).to(tl.float32)
-            x5 = tl.load(base + 5 * cols, mask=mask, other=0.0).to(tl.float32)
-            x6 = tl.load(base + 6 * cols, mask=mask, other=0.0).to(tl.float32)
-            x7 = tl.load(base + 7 * cols, mask=mask, other=0.0).to(tl.float32)
-            x8 = tl.load(base + 8 * cols, mask=mask, other=0.0).to(tl.float32)
-            x9 = tl.load(base + 9 * cols, mask=mask, other=0.0).to(tl.float32)
-            x10 = tl.load(base + 10 * cols, mask=mask, other=0.0).to(tl.float32)
-            x11 = tl.load(base + 11 * cols, mask=mask, other=0.0).to(tl.float32)
-            x12 = tl.load(base + 12 * cols, mask=mask, other=0.0).to(tl.float32)
-            x13 = tl.load(base + 13 * cols, mask=mask, other=0.0).to(tl.float32)
-            x14 = tl.load(base + 14 * cols, mask=mask, other=0.0).to(tl.float32)
-            x15 = tl.load(base + 15 * cols, mask=mask, other=0.0).to(tl.float32)
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _load_16_rows(base, cols, mask)
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, ROUND_BF16
             )
-            block = tl.maximum(abs_nan_to_inf(x0), abs_nan_to_inf(x1))
-            block = tl.maximum(block, abs_nan_to_inf(x2))
-            block = tl.maximum(block, abs_nan_to_inf(x3))
-            block = tl.maximum(block, abs_nan_to_inf(x4))
-            block = tl.maximum(block, abs_nan_to_inf(x5))
-            block = tl.maximum(block, abs_nan_to_inf(x6))
-            block = tl.maximum(block, abs_nan_to_inf(x7))
-            block = tl.maximum(block, abs_nan_to_inf(x8))
-            block = tl.maximum(block, abs_nan_to_inf(x9))
-            block = tl.maximum(block, abs_nan_to_inf(x10))
-            block = tl.maximum(block, abs_nan_to_inf(x11))
-            block = tl.maximum(block, abs_nan_to_inf(x12))
-            block = tl.maximum(block, abs_nan_to_inf(x13))
-            block = tl.maximum(block, abs_nan_to_inf(x14))
-            block = tl.maximum(block, abs_nan_to_inf(x15))
+            block = _max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF=True)
             accumulator = tl.maximum(accumulator, block)
         tl.store(partials_ptr + pid, tl.max(tl.max(accumulator, axis=1), axis=0))
 
@@ -365,7 +401,12 @@ if triton is not None:
         reciprocal = _block_reciprocal(scale, decode)
         scaled = x3 * tl.reshape(reciprocal, [BLOCK_R, BLOCK_C // 16, 1])
         if STOCHASTIC:
-            uniform = tl.reshape(tl.rand(tl.load(seed_ptr), offsets), [BLOCK_R, BLOCK_C // 16, 16])
+            # One Philox call per 4 consecutive elements (counter = the first one's offset), the
+            # four draws interleaved back: column 4k + 2a + b gets draw 2a + b of counter k.
+            quad_col = pid_c * BLOCK_C + 4 * tl.arange(0, BLOCK_C // 4)
+            quad_offsets = row.to(tl.int64)[:, None] * cols + quad_col[None, :]  # [BLOCK_R, BLOCK_C / 4]
+            u0, u1, u2, u3 = tl.rand4x(tl.load(seed_ptr), quad_offsets)
+            uniform = tl.reshape(tl.join(tl.join(u0, u1), tl.join(u2, u3)), [BLOCK_R, BLOCK_C // 16, 16])
         else:
             uniform = scaled
         value, code_e2m1 = _round_e2m1(scaled, uniform, STOCHASTIC)
@@ -377,20 +418,41 @@ if triton is not None:
 
     @triton.jit
     def _quantize_store_row(
-        x, j, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr, seed,
+        x, j, uniform, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr,
         STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr,
     ):
         """Quantize element j of every 16-row group ([GROUPS, BLOCK_C]) and store row 16 g + j."""
         offsets = base_offsets + j * cols
         scaled = x * reciprocal
-        if STOCHASTIC:
-            uniform = tl.rand(seed, offsets)
-        else:
-            uniform = scaled
+        if not STOCHASTIC:
+            uniform = scaled  # unused by RNE
         value, code = _round_e2m1(scaled, uniform, STOCHASTIC)
         tl.store(values_ptr + offsets, (value * scale).to(values_ptr.dtype.element_ty), mask=mask)
         if WRITE_CODES:
             tl.store(codes_ptr + offsets, code, mask=mask)
+
+    @triton.jit
+    def _quantize_store_4_rows(
+        xa, xb, xc, xd, j, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr, seed,
+        STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr,
+    ):
+        """Rows 16 g + j .. j + 3: one Philox call (counter = row j's element offsets) draws all four
+        rows' uniforms, where one ``tl.rand`` per element would run Philox four times as often."""
+        if STOCHASTIC:
+            ua, ub, uc, ud = tl.rand4x(seed, base_offsets + j * cols)
+        else:
+            ua = xa
+            ub = xb
+            uc = xc
+            ud = xd
+        _quantize_store_row(xa, j, ua, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr,
+                            STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(xb, j + 1, ub, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr,
+                            STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(xc, j + 2, uc, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr,
+                            STOCHASTIC, WRITE_CODES)
+        _quantize_store_row(xd, j + 3, ud, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr,
+                            STOCHASTIC, WRITE_CODES)
 
     @triton.jit
     def _quantize_columns_kernel(
@@ -419,41 +481,12 @@ if triton is not None:
         mask = (group < groups)[:, None] & (col < cols)[None, :]
         base_offsets = (group.to(tl.int64) * 16)[:, None] * cols + col[None, :]
         base = x_ptr + base_offsets
-        x0 = tl.load(base + 0 * cols, mask=mask, other=0.0).to(tl.float32)
-        x1 = tl.load(base + 1 * cols, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(base + 2 * cols, mask=mask, other=0.0).to(tl.float32)
-        x3 = tl.load(base + 3 * cols, mask=mask, other=0.0).to(tl.float32)
-        x4 = tl.load(base + 4 * cols, mask=mask, other=0.0).to(tl.float32)
-        x5 = tl.load(base + 5 * cols, mask=mask, other=0.0).to(tl.float32)
-        x6 = tl.load(base + 6 * cols, mask=mask, other=0.0).to(tl.float32)
-        x7 = tl.load(base + 7 * cols, mask=mask, other=0.0).to(tl.float32)
-        x8 = tl.load(base + 8 * cols, mask=mask, other=0.0).to(tl.float32)
-        x9 = tl.load(base + 9 * cols, mask=mask, other=0.0).to(tl.float32)
-        x10 = tl.load(base + 10 * cols, mask=mask, other=0.0).to(tl.float32)
-        x11 = tl.load(base + 11 * cols, mask=mask, other=0.0).to(tl.float32)
-        x12 = tl.load(base + 12 * cols, mask=mask, other=0.0).to(tl.float32)
-        x13 = tl.load(base + 13 * cols, mask=mask, other=0.0).to(tl.float32)
-        x14 = tl.load(base + 14 * cols, mask=mask, other=0.0).to(tl.float32)
-        x15 = tl.load(base + 15 * cols, mask=mask, other=0.0).to(tl.float32)
+        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _load_16_rows(base, cols, mask)
         if RHT:
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, ROUND_BF16
             )
-        block_amax = tl.maximum(tl.abs(x0), tl.abs(x1))
-        block_amax = tl.maximum(block_amax, tl.abs(x2))
-        block_amax = tl.maximum(block_amax, tl.abs(x3))
-        block_amax = tl.maximum(block_amax, tl.abs(x4))
-        block_amax = tl.maximum(block_amax, tl.abs(x5))
-        block_amax = tl.maximum(block_amax, tl.abs(x6))
-        block_amax = tl.maximum(block_amax, tl.abs(x7))
-        block_amax = tl.maximum(block_amax, tl.abs(x8))
-        block_amax = tl.maximum(block_amax, tl.abs(x9))
-        block_amax = tl.maximum(block_amax, tl.abs(x10))
-        block_amax = tl.maximum(block_amax, tl.abs(x11))
-        block_amax = tl.maximum(block_amax, tl.abs(x12))
-        block_amax = tl.maximum(block_amax, tl.abs(x13))
-        block_amax = tl.maximum(block_amax, tl.abs(x14))
-        block_amax = tl.maximum(block_amax, tl.abs(x15))
+        block_amax = _max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF=False)
         scale, scale_code = _e4m3_scale(block_amax * (encode * 0.16666666666666666))
         scale_offsets = group.to(tl.int64)[:, None] * cols + col[None, :]
         tl.store(scales_ptr + scale_offsets, scale_code, mask=mask)
@@ -462,38 +495,14 @@ if triton is not None:
             seed = tl.load(seed_ptr)
         else:
             seed = 0
-        _quantize_store_row(x0, 0, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x1, 1, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x2, 2, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x3, 3, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x4, 4, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x5, 5, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x6, 6, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x7, 7, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x8, 8, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x9, 9, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x10, 10, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x11, 11, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x12, 12, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x13, 13, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x14, 14, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
-        _quantize_store_row(x15, 15, reciprocal, scale, base_offsets, cols, mask,
-                            values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_4_rows(x0, x1, x2, x3, 0, reciprocal, scale, base_offsets, cols, mask,
+                               values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_4_rows(x4, x5, x6, x7, 4, reciprocal, scale, base_offsets, cols, mask,
+                               values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_4_rows(x8, x9, x10, x11, 8, reciprocal, scale, base_offsets, cols, mask,
+                               values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+        _quantize_store_4_rows(x12, x13, x14, x15, 12, reciprocal, scale, base_offsets, cols, mask,
+                               values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
 
 
 # Launch configurations: (tile rows, tile cols, num_warps) for the row kernels, (groups of 16
@@ -503,6 +512,10 @@ ROWS_CONFIG = (16, 128, 4)
 COLUMNS_CONFIG = (2, 128, 8)
 AMAX_CONFIG = (16, 256, 4)
 AMAX_PROGRAMS_PER_SM = 4
+AMAX_REDUCTION = "torch"
+"""How the per-tensor amax of the non-RHT kernels is taken: "torch" (one ATen/Inductor max-abs
+reduction) or "triton" (the persistent ``_amax_rows_kernel`` with AMAX_CONFIG). The latter read x
+at ~1.25 TB/s on the H200 (67 us for 8192 x 5120 bf16); scripts/bench_quant.py times both."""
 MAX_PARTIALS = 4096
 
 
@@ -552,6 +565,12 @@ def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_c
             x, partials, groups, cols, tiles_c, num_tiles, programs, GROUPS=rht_groups, BLOCK_C=rht_cols,
             ROUND_BF16=x.dtype == torch.bfloat16, num_warps=4, enable_fp_fusion=False,
         )
+    elif AMAX_REDUCTION == "torch":
+        # max |x| by ATen's (or, inside torch.compile, Inductor's) reduction. A max is exact in any
+        # order, so this is the same number; a NaN or Inf in x comes out as NaN or Inf, and the
+        # finalize kernel below turns either into a NaN decode scale, as the persistent kernel does.
+        programs = 1
+        partials = torch.linalg.vector_norm(x, float("inf")).float().reshape(1)
     else:
         block_r, block_c, warps = AMAX_CONFIG
         tiles_c = triton.cdiv(cols, block_c)

@@ -149,15 +149,20 @@ def _grid_values(codes: torch.Tensor) -> torch.Tensor:
     return torch.where((codes & 8) != 0, -magnitude, magnitude)
 
 
-def test_stochastic_rows_neighbours_and_unbiased(kernels):
-    draws = 20000
+def _stochastic_rows(kernels, draws: int, seed: int):
+    """One random bf16 row of 64 quantized `draws` times with SR: (out, grid values, scaled targets v)."""
     row = (torch.randn(1, 64, device="cuda") * 2).to(torch.bfloat16)
-    out = kernels.nvfp4_quantize_rows(row.expand(draws, 64).contiguous(), stochastic=True, write_codes=True, seed=1)
+    out = kernels.nvfp4_quantize_rows(row.expand(draws, 64).contiguous(), stochastic=True, write_codes=True, seed=seed)
     reciprocal = torch.minimum(
         1.0 / (out.block_scales.float()[0].repeat_interleave(16) * out.decode_scale), torch.tensor(formats.FLT_MAX)
     )
-    v = (row.float()[0] * reciprocal).clamp(-6, 6)
-    _check_stochastic(_grid_values(out.codes), v)
+    return out, row, _grid_values(out.codes), (row.float()[0] * reciprocal).clamp(-6, 6)
+
+
+def test_stochastic_rows_neighbours_and_unbiased(kernels):
+    draws = 20000
+    out, row, q, v = _stochastic_rows(kernels, draws, seed=1)
+    _check_stochastic(q, v)
     again = kernels.nvfp4_quantize_rows(row.expand(draws, 64).contiguous(), stochastic=True, write_codes=True, seed=2)
     assert not torch.equal(again.codes, out.codes)
 
@@ -172,6 +177,33 @@ def test_stochastic_columns_with_rht_neighbours_and_unbiased(kernels):
     reciprocal = torch.minimum(1.0 / (scale * out.decode_scale), torch.tensor(formats.FLT_MAX))
     v = (transformed * reciprocal).clamp(-6, 6)
     _check_stochastic(_grid_values(out.codes).t(), v)
+
+
+def _assert_draws_independent(q: torch.Tensor, v: torch.Tensor) -> None:
+    """Rounding-up decisions of different elements are uncorrelated over the draws.
+
+    q: [draws, n] rounded grid values, v: [n] the scaled targets. One Philox call serves four
+    elements; if two of them were handed the same uniform, their up/down decisions would be
+    correlated (~0.5 and more), which unbiasedness alone would not reveal.
+    """
+    up = (q.abs() > v.abs()).float()
+    p = up.mean(0)
+    varied = (p > 0.05) & (p < 0.95)
+    assert varied.sum() >= 4, "too few elements with a real choice between neighbours"
+    correlation = torch.corrcoef(up[:, varied].t())
+    off_diagonal = correlation - torch.diag(torch.diag(correlation))
+    assert off_diagonal.abs().max() < 0.05, off_diagonal.abs().max()
+
+
+def test_stochastic_draws_independent_within_philox_quads(kernels):
+    draws = 20000
+    _assert_draws_independent(*_stochastic_rows(kernels, draws, seed=3)[2:])
+
+    column = (torch.randn(16, 1, device="cuda") * 2).to(torch.bfloat16)
+    out = kernels.nvfp4_quantize_columns(column.expand(16, draws).contiguous(), rht=True, stochastic=True,
+                                         write_codes=True, seed=3)
+    reciprocal = torch.minimum(1.0 / (out.block_scales.float()[0, 0] * out.decode_scale), torch.tensor(formats.FLT_MAX))
+    _assert_draws_independent(_grid_values(out.codes).t(), (rht(column.t()).float()[0] * reciprocal).clamp(-6, 6))
 
 
 def test_quant_linear_kernels_match_torch_path(kernels):
