@@ -185,13 +185,15 @@ if triton is not None:
 
     @triton.jit
     def _finalize_scales_kernel(partials_ptr, num_partials, global_ptr, PARTIALS_POW2: tl.constexpr):
-        """One program: tensor amax from the partials -> global_ptr = [S_enc, S_dec], TE's order.
+        """One program: tensor amax from the partials (fp32, or one value in x's dtype) -> global_ptr =
+        [S_enc, S_dec], TE's order.
 
         S_enc = min(2688 / amax, FLT_MAX); 1 if amax == 0 or S_enc == 0; NaN if amax is not finite.
         """
         index = tl.arange(0, PARTIALS_POW2)
         # NaN -> Inf before the max (tl.max may drop a NaN): a torch-reduced amax can be NaN.
-        amax = tl.max(abs_nan_to_inf(tl.load(partials_ptr + index, mask=index < num_partials, other=0.0)), axis=0)
+        partials = tl.load(partials_ptr + index, mask=index < num_partials, other=0.0).to(tl.float32)
+        amax = tl.max(abs_nan_to_inf(partials), axis=0)
         encode = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)
         encode = tl.where(encode > 3.4028234663852886e38, 3.4028234663852886e38, encode)
         encode = tl.where((amax == 0.0) | (encode == 0.0), 1.0, encode)
@@ -569,8 +571,9 @@ def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_c
         # max |x| by ATen's (or, inside torch.compile, Inductor's) reduction. A max is exact in any
         # order, so this is the same number; a NaN or Inf in x comes out as NaN or Inf, and the
         # finalize kernel below turns either into a NaN decode scale, as the persistent kernel does.
+        # In x's dtype (a max of |x| is one of x's values, so exact); the finalize kernel widens it.
         programs = 1
-        partials = torch.linalg.vector_norm(x, float("inf")).float().reshape(1)
+        partials = torch.linalg.vector_norm(x, float("inf")).reshape(1)
     else:
         block_r, block_c, warps = AMAX_CONFIG
         tiles_c = triton.cdiv(cols, block_c)
