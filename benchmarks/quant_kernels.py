@@ -74,6 +74,7 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
     rows = []
 
     def record(name, milliseconds, config=None, identical=None, error=None):
+        print(f"  {name} {config}: {milliseconds} ms, identical {identical}", flush=True)  # progress
         rows.append(
             {
                 "name": name,
@@ -126,6 +127,7 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
             config_row = None if config is None else [*config, programs_per_sm]
             try:
                 milliseconds = time_ms(lambda: kernels.amax_global_scales(x, rht=False), **timing)
+                print(f"  {name} {config_row}: {milliseconds} ms", flush=True)  # progress
                 rows.append({"name": name, "config": config_row, "ms": milliseconds,
                              "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,
                              "bit_identical": None, "error": None})
