@@ -45,7 +45,8 @@ PRECISIONS = {
 }
 # Kernel-name patterns of each component (lower case; first match wins, in this order).
 COMPONENTS = [
-    ("quantization", ("quantize", "quant_", "_fp8_", "nvfp4", "e2m1", "amax", "hadamard", "rht")),
+    # "absmaxops": ATen's max-abs reduction (torch.linalg.vector_norm(x, inf)), the NVFP4 amax pass.
+    ("quantization", ("quantize", "quant_", "_fp8_", "nvfp4", "e2m1", "amax", "hadamard", "rht", "absmaxops")),
     ("ssd", ("chunk_scan", "chunk_state", "state_passing", "bmm_chunk", "chunk_cumsum", "ssd")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "softmax_warp")),
     ("norms", ("rms", "layer_norm", "layernorm", "_norm_")),

@@ -13,6 +13,9 @@ def test_kernels_land_in_their_component():
     assert classify("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT") == "projections (GEMMs)"
     assert classify("_quantize_columns_kernel") == "quantization"
     assert classify("_amax_rows_kernel") == "quantization"
+    assert classify("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, "
+                    "at::native::AbsMaxOps<c10::BFloat16, float, c10::BFloat16>, unsigned int, c10::BFloat16, 4, 4> >"
+                    ) == "quantization"
     assert classify("_chunk_scan_chunk_state_bwd_dx_kernel") == "ssd"
     assert classify("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>") == \
         "other (elementwise, copies)"
