@@ -1,0 +1,136 @@
+"""The Triton kernels against their torch references under Triton's interpreter, on the CPU.
+
+Run by test_kernels_interpreted.py in a subprocess with TRITON_INTERPRET=1 (the variable must be
+set before the kernels are defined), so CI checks the kernels' arithmetic on every change without a
+GPU; the GPU tests (test_quant_kernels_gpu.py, test_fp8_torch_gpu.py) check the compiled kernels on
+large tensors. Small shapes keep it to about a minute. Prints "ok <check>" per check; any mismatch
+raises.
+
+    TRITON_INTERPRET=1 PYTHONPATH=.:tests/models/quant python tests/models/quant/kernels_interpreted.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+import quant_oracles as oracle
+from models.quant import fp8_kernels, kernels
+from models.quant.formats import E2M1_GRID, quantize
+from models.quant.fp8_torch import Fp8Operand, quantize_reference
+from models.quant.rht import rht
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
+kernels.use_triton(True)
+
+
+def same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    a, e = actual.float(), expected.float()
+    same = (a == e) | (a.isnan() & e.isnan())
+    assert same.all(), f"{what}: {int((~same).sum())} of {same.numel()} differ"
+
+
+def compare_nvfp4(out, reference, transposed: bool, what: str) -> None:
+    view = (lambda t: t.t()) if transposed else (lambda t: t)
+    same_bits(view(out.values), reference.scaled_values(out.values.dtype), f"{what} values")
+    same_bits(view(out.block_scales.view(torch.uint8)), reference.block_scales.view(torch.uint8), f"{what} scales")
+    assert torch.equal(view(out.codes), reference.codes), f"{what} codes"
+    same_bits(out.decode_scale.reshape(()), reference.tensor_scale, f"{what} decode scale")
+
+
+def check_nvfp4_round_to_nearest() -> None:
+    for rows, cols, scale, dtype in [(32, 64, 1.0, torch.bfloat16), (32, 64, 1.0, torch.float32),
+                                     (48, 160, 3e3, torch.bfloat16)]:
+        x = oracle.fresh_input(rows, cols, scale, torch.float32).to(dtype)
+        what = f"{rows}x{cols} {dtype} scale {scale}"
+        compare_nvfp4(kernels.nvfp4_quantize_rows(x, write_codes=True), quantize(x, "nvfp4"), False, f"rows {what}")
+        compare_nvfp4(kernels.nvfp4_quantize_rows(x, two_d=True, write_codes=True),
+                      quantize(x, "nvfp4", tile=(16, 16)), False, f"2D {what}")
+        compare_nvfp4(kernels.nvfp4_quantize_columns(x, write_codes=True), quantize(x.t(), "nvfp4"), True,
+                      f"columns {what}")
+        compare_nvfp4(kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True),
+                      quantize(rht(x.t()), "nvfp4"), True, f"columns RHT {what}")
+
+
+def check_nvfp4_persistent_amax_kernel() -> None:
+    """The Triton amax pass (kernels.AMAX_REDUCTION = "triton") gives the same decode scale."""
+    x = oracle.fresh_input(64, 256, 1.0, torch.float32).to(torch.bfloat16)
+    kernels.AMAX_REDUCTION = "triton"
+    try:
+        compare_nvfp4(kernels.nvfp4_quantize_rows(x, write_codes=True), quantize(x, "nvfp4"), False, "triton amax")
+    finally:
+        kernels.AMAX_REDUCTION = "torch"
+
+
+def check_nvfp4_ties() -> None:
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    block0 = [3.0] + [t / 2 for t in ties] + [-t / 2 for t in ties] + [0.0]
+    rows = [block0, [17 / 64] * 16, [19 / 64] * 16, [1.5 * 2.0**-15] * 16, [7.0] + [0.0] * 15]
+    x = torch.tensor(rows).reshape(1, 80).repeat(16, 1)
+    compare_nvfp4(kernels.nvfp4_quantize_rows(x, write_codes=True), quantize(x, "nvfp4"), False, "ties rows")
+    compare_nvfp4(kernels.nvfp4_quantize_columns(x.t().contiguous(), write_codes=True), quantize(x, "nvfp4"), True,
+                  "ties columns")
+
+
+def check_nvfp4_non_finite() -> None:
+    for bad in (math.nan, math.inf):
+        x = torch.randn(32, 64, dtype=torch.bfloat16)
+        x[7, 9] = bad
+        for out in (kernels.nvfp4_quantize_rows(x), kernels.nvfp4_quantize_rows(x, two_d=True),
+                    kernels.nvfp4_quantize_columns(x, rht=True)):
+            assert out.decode_scale.isnan().all(), bad
+            assert (out.values.float() * out.decode_scale).isnan().all(), bad
+
+
+def check_nvfp4_stochastic_rounding() -> None:
+    """Same seed, same draws; another seed, other draws; every value one of its two grid neighbours."""
+    grid = torch.tensor(E2M1_GRID)
+    x = oracle.fresh_input(32, 64, 1.0, torch.float32).to(torch.bfloat16)
+    for name, run, target in [
+        ("rows", lambda seed: kernels.nvfp4_quantize_rows(x, stochastic=True, seed=seed, write_codes=True), x),
+        ("columns RHT", lambda seed: kernels.nvfp4_quantize_columns(x, rht=True, stochastic=True, seed=seed,
+                                                                    write_codes=True), rht(x.t()).t()),
+    ]:
+        first, again, other = run(1), run(1), run(2)
+        assert torch.equal(first.codes, again.codes), f"{name}: not deterministic"
+        assert not torch.equal(first.codes, other.codes), f"{name}: the seed is ignored"
+        scales = first.block_scales.float()
+        block_scale = (scales.repeat_interleave(16, dim=1) if name == "rows" else scales.repeat_interleave(16, dim=0))
+        # Blocks whose E4M3 scale underflowed to 0 dequantize to 0 whatever their codes (the
+        # reciprocal saturates at FLT_MAX, as in TE); the neighbour check is for the others.
+        scaled_blocks = block_scale > 0
+        magnitude = torch.where(scaled_blocks, target.float().abs() / (block_scale * first.decode_scale),
+                                torch.zeros(())).clamp(max=6.0)
+        index = torch.searchsorted(grid, magnitude, right=True)
+        lower, upper = grid[index - 1], grid[index.clamp(max=7)]
+        value = grid[(first.codes & 7).long()]
+        tolerance = 1e-6 * (1 + magnitude)  # the reciprocal's rounding at a grid point
+        neighbour = (value >= lower - tolerance) & (value <= upper + tolerance)
+        assert (neighbour | ~scaled_blocks).all(), f"{name}: not a neighbour"
+        assert scaled_blocks.float().mean() > 0.5, f"{name}: too few scaled blocks to check"
+
+
+def check_fp8_blockwise() -> None:
+    x = oracle.fresh_input(128, 256, 1.0, torch.float32).to(torch.bfloat16)
+    for tile_2d, kind in ((False, "1x128"), (True, "128x128")):
+        row_codes, row_scales, col_codes, col_scales = fp8_kernels.fp8_block_quantize(
+            x, tile_2d=tile_2d, rows=True, columns=True)
+        for actual, expected, what in (
+            (Fp8Operand(row_codes, row_scales, kind), quantize_reference(x, kind), f"{kind} rows"),
+            (Fp8Operand(col_codes, col_scales, kind), quantize_reference(x, kind, transpose=True), f"{kind} columns"),
+        ):
+            assert torch.equal(actual.data.view(torch.uint8), expected.data.view(torch.uint8)), f"{what} codes"
+            same_bits(actual.natural_scales(), expected.natural_scales(), f"{what} scales")
+
+
+CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_persistent_amax_kernel, check_nvfp4_ties,
+          check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise]
+
+if __name__ == "__main__":
+    for check in CHECKS:
+        check()
+        print(f"ok {check.__name__}", flush=True)
+    print(f"all {len(CHECKS)} checks passed")
