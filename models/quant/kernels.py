@@ -507,6 +507,27 @@ if triton is not None:
                                values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
 
 
+if triton is not None:
+
+    @triton.jit
+    def _scale_gemm_output_kernel(
+        out_ptr, result_ptr, decode_ptr, numel, BLOCK: tl.constexpr, WIDEN_FROM_BF16: tl.constexpr,
+    ):
+        """result = (out * S_dec) rounded to result's dtype, or (WIDEN_FROM_BF16) rounded to bf16 and
+        stored as fp32; one fp32 multiply, one RNE rounding, as torch's mul-then-cast."""
+        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < numel
+        scaled = tl.load(out_ptr + offsets, mask=mask, other=0.0) * tl.load(decode_ptr)
+        if WIDEN_FROM_BF16:
+            tl.store(result_ptr + offsets, _round_to_bf16(scaled), mask=mask)
+        elif result_ptr.dtype.element_ty == tl.bfloat16:
+            # Rounded by integer RNE first, so the cast is exact whatever rounding the backend's
+            # fp32 -> bf16 conversion uses.
+            tl.store(result_ptr + offsets, _round_to_bf16(scaled).to(tl.bfloat16), mask=mask)
+        else:
+            tl.store(result_ptr + offsets, scaled.to(result_ptr.dtype.element_ty), mask=mask)
+
+
 # Launch configurations: (tile rows, tile cols, num_warps) for the row kernels, (groups of 16
 # rows, cols, num_warps) for the column kernels; ~16 elements per thread keeps registers < 128.
 # The benchmark (scripts/bench_quant.py) times alternatives and reports the best.
@@ -668,3 +689,33 @@ def nvfp4_quantize_columns(
         STOCHASTIC=stochastic, WRITE_CODES=write_codes, num_warps=warps, enable_fp_fusion=False,
     )
     return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)
+
+
+EPILOGUE_BLOCK = 4096
+EPILOGUE_WARPS = 8
+
+
+def scale_gemm_output(out: torch.Tensor, decode: torch.Tensor, dtype: torch.dtype, *,
+                      widen_to: Optional[torch.dtype] = None) -> torch.Tensor:
+    """(out * decode).to(dtype) in one pass over an fp32 GEMM output; with ``widen_to=torch.float32``
+    (and dtype bf16) ``(out * decode).to(bf16).to(float32)``, written in place into ``out``.
+
+    out: contiguous fp32 [M, N] (CUDA); decode: fp32 one-element tensor (the product of the operands'
+    per-tensor decode scales). Bit for bit the torch expressions above: an fp32 multiply, then RNE to
+    dtype (``_round_to_bf16`` for the widened case). The widened form is Wgrad's: the FP32 gradient
+    of an FP32 master weight, computed in bf16, without a bf16 buffer and a widening copy.
+    """
+    require_triton("models.quant.kernels.scale_gemm_output")
+    if out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"scale_gemm_output takes a contiguous fp32 GEMM output, got {out.dtype}, "
+                         f"strides {out.stride()}")
+    widen = widen_to is not None and widen_to != dtype
+    if widen and (dtype != torch.bfloat16 or widen_to != torch.float32):
+        raise ValueError(f"scale_gemm_output widens bf16 to float32 only, got {dtype} -> {widen_to}")
+    result = out if widen else torch.empty(out.shape, dtype=dtype, device=out.device)
+    numel = out.numel()
+    _scale_gemm_output_kernel[(triton.cdiv(numel, EPILOGUE_BLOCK),)](
+        out, result, decode.reshape(1), numel, BLOCK=EPILOGUE_BLOCK, WIDEN_FROM_BF16=widen,
+        num_warps=EPILOGUE_WARPS, enable_fp_fusion=False,
+    )
+    return result

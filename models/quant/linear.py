@@ -173,20 +173,40 @@ def _matmul_fp32_accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float()
 
 
-def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype) -> torch.Tensor:
-    """a [M, R] times b [N, R]^T -> [M, N] in the compute dtype."""
+def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
+          result_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """a [M, R] times b [N, R]^T -> [M, N] rounded to the compute dtype, returned in ``result_dtype``
+    (default: the compute dtype; Wgrad asks for the weight's dtype)."""
+    result_dtype = result_dtype or compute_dtype
     if compute_dtype == torch.float32 or a.values.dtype == torch.float32 or b.values.dtype == torch.float32:
-        return (a.dequantized_fp32() @ b.dequantized_fp32().t()).to(compute_dtype)
+        return (a.dequantized_fp32() @ b.dequantized_fp32().t()).to(compute_dtype).to(result_dtype)
     out = _matmul_fp32_accumulate(a.values, b.values.t())
     decode = None
     for scale in (a.decode, b.decode):
         if scale is not None:
             decode = scale if decode is None else decode * scale
     if decode is None:
-        return out.to(compute_dtype)
+        return out.to(compute_dtype).to(result_dtype)
+    if _use_epilogue_kernel(out, compute_dtype, result_dtype):
+        from models.quant import kernels
+
+        # One vectorized pass; the FP32 Wgrad is written in place over the fp32 GEMM output.
+        return kernels.scale_gemm_output(out, decode, compute_dtype, widen_to=result_dtype)
     # (out * S_dec) rounded once to the compute dtype, in one pass over the fp32 GEMM output:
     # TensorIterator multiplies in fp32 and casts on the write, bit for bit (out * decode).to(dtype).
-    return torch.mul(out, decode, out=torch.empty(out.shape, dtype=compute_dtype, device=out.device))
+    scaled = torch.mul(out, decode, out=torch.empty(out.shape, dtype=compute_dtype, device=out.device))
+    return scaled.to(result_dtype)
+
+
+def _use_epilogue_kernel(out: torch.Tensor, compute_dtype: torch.dtype, result_dtype: torch.dtype) -> bool:
+    """Whether kernels.scale_gemm_output takes this fp32 GEMM output (CUDA, Triton switched on)."""
+    if not out.is_cuda:
+        return False
+    from models.quant import kernels  # imported here: no Triton import on CPU-only runs
+
+    if not kernels.enabled():
+        return False
+    return result_dtype == compute_dtype or (compute_dtype, result_dtype) == (torch.bfloat16, torch.float32)
 
 
 class QuantLinearFunction(torch.autograd.Function):
@@ -262,7 +282,7 @@ class QuantLinearFunction(torch.autograd.Function):
                         x2, spec.wgrad.b, transpose=True, compute_dtype=compute_dtype, generator=generator,
                         name="Wgrad X^T",
                     )
-                    grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype)
+                    grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype, result_dtype=weight.dtype)
                 grad_weight = grad_weight.to(weight.dtype)
         return grad_x, grad_weight, None, None, None
 

@@ -256,3 +256,25 @@ def test_quant_linear_compiled_with_inductor_matches_eager(kernels, stochastic_r
     assert torch.isfinite(y_compiled).all() and torch.isfinite(dw_compiled).all()
     assert torch.equal(y_compiled, y_eager) and torch.equal(dx_compiled, dx_eager)
     torch.testing.assert_close(dw_compiled, dw_eager, rtol=2**-7, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gemm_output_epilogue_bit_identical(kernels, dtype):
+    """kernels.scale_gemm_output against torch's mul-then-cast (and, for Wgrad, -then-widen) on a
+    fresh fp32 GEMM output with zeros of both signs, NaN, Inf and values near bf16 ties."""
+    out = torch.randn(1000, 2064, device="cuda") * 37.0
+    out.view(-1)[::97] = 0.0
+    out.view(-1)[1::101] = -0.0
+    out.view(-1)[5], out.view(-1)[7] = math.nan, math.inf
+    decode = torch.rand((), device="cuda") * torch.rand((), device="cuda")
+    expected = torch.mul(out, decode, out=torch.empty(out.shape, dtype=dtype, device="cuda"))
+    got = kernels.scale_gemm_output(out.clone(), decode, dtype)
+    assert got.dtype == dtype
+    _assert_bits_equal(got, expected, f"epilogue to {dtype}")
+    zeros = expected.float() == 0
+    assert torch.equal(torch.signbit(got.float()[zeros]), torch.signbit(expected.float()[zeros]))
+    if dtype == torch.bfloat16:
+        buffer = out.clone()
+        widened = kernels.scale_gemm_output(buffer, decode, dtype, widen_to=torch.float32)
+        assert widened.dtype == torch.float32 and widened.data_ptr() == buffer.data_ptr()  # in place
+        _assert_bits_equal(widened, expected.float(), "epilogue widened to fp32")
