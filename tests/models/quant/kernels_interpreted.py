@@ -126,8 +126,29 @@ def check_fp8_blockwise() -> None:
             same_bits(actual.natural_scales(), expected.natural_scales(), f"{what} scales")
 
 
+def check_gemm_output_epilogue() -> None:
+    """kernels.scale_gemm_output against torch's mul-then-cast (and Wgrad's -then-widen, in place)."""
+    out = torch.randn(33, 2064) * 37.0
+    out.view(-1)[::97] = 0.0
+    out.view(-1)[1::101] = -0.0
+    out.view(-1)[5], out.view(-1)[7] = math.nan, math.inf
+    decode = torch.rand(()) * torch.rand(())
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        expected = torch.mul(out, decode, out=torch.empty(out.shape, dtype=dtype))
+        got = kernels.scale_gemm_output(out.clone(), decode, dtype)
+        assert got.dtype == dtype
+        same_bits(got, expected, f"epilogue to {dtype}")
+        zeros = expected.float() == 0
+        assert torch.equal(torch.signbit(got.float()[zeros]), torch.signbit(expected.float()[zeros])), dtype
+    buffer = out.clone()
+    widened = kernels.scale_gemm_output(buffer, decode, torch.bfloat16, widen_to=torch.float32)
+    assert widened.dtype == torch.float32 and widened.data_ptr() == buffer.data_ptr()
+    same_bits(widened, torch.mul(out, decode, out=torch.empty(out.shape, dtype=torch.bfloat16)).float(), "widened")
+
+
 CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_persistent_amax_kernel, check_nvfp4_ties,
-          check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise]
+          check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise,
+          check_gemm_output_epilogue]
 
 if __name__ == "__main__":
     for check in CHECKS:
