@@ -47,6 +47,9 @@ PRECISIONS = {
 COMPONENTS = [
     # "absmaxops": ATen's max-abs reduction (torch.linalg.vector_norm(x, inf)), the NVFP4 amax pass.
     ("quantization", ("quantize", "quant_", "_fp8_", "nvfp4", "e2m1", "amax", "hadamard", "rht", "absmaxops")),
+    # The emulated NVFP4 GEMMs' decode-scale multiply and rounding of their fp32 output
+    # (kernels.scale_gemm_output); listed before the GEMMs, whose "gemm" pattern it also matches.
+    ("GEMM output scaling", ("scale_gemm_output",)),
     ("ssd", ("chunk_scan", "chunk_state", "state_passing", "bmm_chunk", "chunk_cumsum", "ssd")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "softmax_warp")),
     ("norms", ("rms", "layer_norm", "layernorm", "_norm_")),

@@ -12,6 +12,7 @@ def test_compiled_graph_ranges_are_not_kernels():
 def test_kernels_land_in_their_component():
     assert classify("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT") == "projections (GEMMs)"
     assert classify("_quantize_columns_kernel") == "quantization"
+    assert classify("_scale_gemm_output_kernel") == "GEMM output scaling"
     assert classify("_amax_rows_kernel") == "quantization"
     assert classify("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, "
                     "at::native::AbsMaxOps<c10::BFloat16, float, c10::BFloat16>, unsigned int, c10::BFloat16, 4, 4> >"
