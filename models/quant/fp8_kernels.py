@@ -20,6 +20,12 @@ Tiles of 128x128 elements, one program each, grid (ceil(rows / 128), cols / 128)
   is W^T [cols, rows] with the same codes transposed, which is exactly quantize(W^T) (a square tile
   is the same tile of the transpose).
 
+- Per-tensor mode (fp8_tensor, TE ``Float8CurrentScaling``): one scale for the whole tensor,
+  from its amax (torch's max-abs reduction, one pass before the kernel; every program derives
+  the same scale from it); "rows" is x and "columns" x^T, the same codes transposed. The scale's
+  replacement for an infinite value is FLT_MAX there (formats' fp8_tensor), not the input
+  dtype's maximum.
+
 Outputs are written straight into the layouts ``torch.nn.functional.scaled_mm`` takes on Hopper
 (cuBLASLt's DeepSeek-style block scaling), so nothing is copied afterwards. For an operand
 ``A [m, r]`` (reduction dim r last, row-major):
@@ -94,8 +100,8 @@ if triton is not None:
         x_ptr, stride_x_row, stride_x_col, rows, cols,
         row_codes_ptr, row_scales_ptr, row_scale_stride_row, row_scale_stride_block,
         col_codes_ptr, col_scales_ptr, col_scale_stride_col, col_scale_stride_block,
-        value_for_inf,
-        TILE_2D: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLUMNS: tl.constexpr,
+        value_for_inf, tensor_amax_ptr, tensor_decode_ptr,
+        TILE_2D: tl.constexpr, TENSOR_SCALE: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLUMNS: tl.constexpr,
         ROWS_POWER_OF_TWO: tl.constexpr, COLUMNS_POWER_OF_TWO: tl.constexpr,
         MASK_ROWS: tl.constexpr, BLOCK: tl.constexpr,
     ):
@@ -115,7 +121,22 @@ if triton is not None:
             x = tl.load(x_ptr + x_offsets).to(tl.float32)
         magnitude = abs_nan_to_inf(x)  # NaN -> +Inf: never lost by max
 
-        if TILE_2D:
+        if TENSOR_SCALE:
+            # [1]: the tensor's amax (NaN -> +Inf, as abs_nan_to_inf does per element).
+            first = tl.zeros([1], dtype=tl.int32)
+            amax = tl.load(tensor_amax_ptr + first)
+            amax = abs_nan_to_inf(amax)
+            scale, decode = _scale_and_decode(amax, value_for_inf, False)
+            codes = _e4m3_code(x * scale[:, None])
+            if WRITE_ROWS:
+                if MASK_ROWS:
+                    tl.store(row_codes_ptr + row_offsets, codes, mask=row_valid[:, None])
+                else:
+                    tl.store(row_codes_ptr + row_offsets, codes)
+            if WRITE_COLUMNS:
+                tl.store(col_codes_ptr + col_offsets, tl.trans(codes))
+            tl.store(tensor_decode_ptr + first, decode, mask=(first == 0) & (tile_row == 0) & (tile_col == 0))
+        elif TILE_2D:
             amax = tl.max(tl.max(magnitude, axis=1), axis=0)
             if WRITE_ROWS:
                 scale, decode = _scale_and_decode(amax, value_for_inf, ROWS_POWER_OF_TWO)
@@ -225,10 +246,61 @@ def fp8_block_quantize(
         *(row_strides if rows else (0, 0)),
         (col_codes if columns else dummy_codes).view(torch.uint8), col_scales if columns else dummy_scales,
         *(col_strides if columns else (0, 0)),
-        _value_for_inf(x.dtype),
-        TILE_2D=tile_2d, WRITE_ROWS=rows, WRITE_COLUMNS=columns,
+        _value_for_inf(x.dtype), dummy_scales, dummy_scales,
+        TILE_2D=tile_2d, TENSOR_SCALE=False, WRITE_ROWS=rows, WRITE_COLUMNS=columns,
         ROWS_POWER_OF_TWO=rows_power_of_two, COLUMNS_POWER_OF_TWO=columns_power_of_two,
         MASK_ROWS=mask_rows, BLOCK=BLOCK,
         num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
     )
     return row_codes, row_scales, col_codes, col_scales
+
+
+FLT_MAX = float(torch.finfo(torch.float32).max)
+
+
+def fp8_tensor_quantize(
+    x: torch.Tensor, *, rows: bool, columns: bool, num_warps: Optional[int] = None, name: Optional[str] = None,
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor]:
+    """Quantize x [R, C] to per-tensor E4M3 (fp8_tensor): codes of x and/or x^T, and the decode scale.
+
+    Two launches: torch's max-abs reduction for the amax, then one read of x that writes
+    ``rows`` (codes [R, C]) and/or ``columns`` (x^T's codes [C, R], contiguous, as the GEMM takes
+    them). Returns (row_codes, column_codes, decode scale 0-dim fp32), None where not asked.
+    C must divide by 128; R too when ``columns`` (see ``supports_tensor_shape``).
+    """
+    where = f"{name}: " if name else ""
+    if triton is None:
+        raise RuntimeError(f"{where}fp8_tensor_quantize needs Triton; {INSTALL_HINT}")
+    if not (x.is_cuda or INTERPRETING) or x.ndim != 2 or x.dtype not in KERNEL_INPUT_DTYPES:
+        raise ValueError(f"{where}fp8_tensor_quantize takes a 2D CUDA tensor of {KERNEL_INPUT_DTYPES}, "
+                         f"got {x.dtype} {list(x.shape)} on {x.device}")
+    if not (rows or columns):
+        raise ValueError(f"{where}fp8_tensor_quantize: ask for rows, columns or both")
+    if not supports_tensor_shape(x.shape, columns):
+        raise ValueError(f"{where}fp8_tensor_quantize needs the last dim (and, for columns, the first) to divide "
+                         f"by {BLOCK}, got {list(x.shape)}")
+    num_rows, num_cols = x.shape
+    device = x.device
+    # max |x| is exact in any order and dtype; NaN propagates (the kernel reads it as +Inf).
+    amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1)
+    decode = torch.empty(1, dtype=torch.float32, device=device)
+    row_codes = torch.empty(num_rows, num_cols, dtype=torch.float8_e4m3fn, device=device) if rows else None
+    col_codes = torch.empty(num_cols, num_rows, dtype=torch.float8_e4m3fn, device=device) if columns else None
+    dummy_codes = (row_codes if rows else col_codes).view(torch.uint8)
+    grid = (triton.cdiv(num_rows, BLOCK), num_cols // BLOCK)
+    _fp8_block_quantize_kernel[grid](
+        x, x.stride(0), x.stride(1), num_rows, num_cols,
+        row_codes.view(torch.uint8) if rows else dummy_codes, decode, 0, 0,
+        col_codes.view(torch.uint8) if columns else dummy_codes, decode, 0, 0,
+        FLT_MAX, amax, decode,
+        TILE_2D=False, TENSOR_SCALE=True, WRITE_ROWS=rows, WRITE_COLUMNS=columns,
+        ROWS_POWER_OF_TWO=False, COLUMNS_POWER_OF_TWO=False,
+        MASK_ROWS=num_rows % BLOCK != 0, BLOCK=BLOCK,
+        num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
+    )
+    return row_codes, col_codes, decode.reshape(())
+
+
+def supports_tensor_shape(shape, columns: bool) -> bool:
+    """Whether fp8_tensor_quantize takes a tensor of this shape (else the torch reference runs)."""
+    return shape[1] % BLOCK == 0 and (not columns or shape[0] % BLOCK == 0)

@@ -231,8 +231,9 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
     ``tensor^T`` (blocks along R, spec ``columns``), each from the high-precision values.
 
     Both 1x128 (X, dY) or both 128x128 (W, W^T): one fused Triton pass when it can run, else the
-    torch reference; per tensor: one amax, the codes transposed for the second orientation (the
-    same numbers as quantizing the transpose).
+    torch reference; per tensor: an amax, then one Triton pass for both orientations (dims that
+    divide by 128), else the torch reference with its codes transposed for the second orientation
+    (the same numbers as quantizing the transpose).
     """
     rows_kind = operand_kind(rows, f"{name}: ") if rows is not None else None
     columns_kind = operand_kind(columns, f"{name}: ") if columns is not None else None
@@ -241,6 +242,12 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
     if rows_kind is not None and columns_kind is not None and rows_kind != columns_kind:
         return quantize_operands(tensor, rows, None, name=name)[0], quantize_operands(tensor, None, columns, name=name)[1]
     kind = rows_kind or columns_kind
+    if kind == "tensor" and fp8_kernels.supports(tensor) and fp8_kernels.supports_tensor_shape(
+            tensor.shape, columns is not None):
+        row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(
+            tensor, rows=rows is not None, columns=columns is not None, name=name)
+        return (Fp8Operand(row_codes, decode, "tensor") if rows is not None else None,
+                Fp8Operand(col_codes, decode, "tensor") if columns is not None else None)
     if kind == "tensor":
         operand = quantize_reference(tensor, "tensor")
         transposed = None

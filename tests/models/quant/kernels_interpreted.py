@@ -126,6 +126,30 @@ def check_fp8_blockwise() -> None:
             same_bits(actual.natural_scales(), expected.natural_scales(), f"{what} scales")
 
 
+def check_fp8_per_tensor() -> None:
+    """fp8_kernels.fp8_tensor_quantize against quantize_reference(x, "tensor"): codes and decode scale."""
+    x = oracle.fresh_input(256, 384, 1.0, torch.float32).to(torch.bfloat16)
+    zeros = torch.zeros(128, 128)
+    overflow = torch.full((128, 256), 3e38)  # finite; 448 / amax is the smallest normal region
+    # 448 / 1e-37 overflows fp32: the scale is FLT_MAX, not the bf16 maximum (normal, so the interpreter,
+    # which flushes bf16 subnormals on load, computes it as the GPU does).
+    tiny = torch.full((128, 128), 1e-37, dtype=torch.bfloat16)
+    with_nan = x[:128, :256].float().clone()
+    with_nan[3, 5] = math.nan
+    cases = [(x, True, True), (x.float().t(), True, True), (zeros, True, True), (overflow, True, True),
+             (tiny, True, True), (with_nan, True, True), (x[:200], True, False)]  # the last: ragged rows only
+    for tensor, rows, columns in cases:
+        row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(tensor, rows=rows, columns=columns)
+        expected = quantize_reference(tensor, "tensor")
+        same_bits(decode, expected.scale, f"decode scale of {list(tensor.shape)}")
+        assert torch.equal(row_codes.view(torch.uint8), expected.data.view(torch.uint8)), list(tensor.shape)
+        if columns:
+            expected_t = quantize_reference(tensor, "tensor", transpose=True)
+            assert torch.equal(col_codes.view(torch.uint8), expected_t.data.view(torch.uint8)), list(tensor.shape)
+        else:
+            assert col_codes is None
+
+
 def check_gemm_output_epilogue() -> None:
     """kernels.scale_gemm_output against torch's mul-then-cast (and Wgrad's -then-widen, in place)."""
     out = torch.randn(33, 2064) * 37.0
@@ -148,7 +172,7 @@ def check_gemm_output_epilogue() -> None:
 
 CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_persistent_amax_kernel, check_nvfp4_ties,
           check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise,
-          check_gemm_output_epilogue]
+          check_fp8_per_tensor, check_gemm_output_epilogue]
 
 if __name__ == "__main__":
     for check in CHECKS:

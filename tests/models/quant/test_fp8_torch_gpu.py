@@ -135,6 +135,27 @@ def test_fused_quantizer_bit_identical_to_reference(shape, dtype, kind, rows_pow
                                "columns")
 
 
+@pytest.mark.parametrize("shape", [(128, 128), (256, 640), (8192, 5120)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", ["finite", "tiny amax", "with NaN", "ragged rows only", "transposed view"])
+def test_per_tensor_kernel_bit_identical_to_reference(shape, dtype, case):
+    """fp8_tensor (Float8CurrentScaling): the Triton pass's codes of x and x^T and its decode scale."""
+    rows_only = case == "ragged rows only"
+    x = _fresh(shape[0] - 56 if rows_only else shape[0], shape[1], dtype, specials=case == "with NaN")
+    if case == "tiny amax":  # 448 / amax overflows fp32: the scale is FLT_MAX, not the dtype's maximum
+        x = (x.float() / x.float().abs().max() * 1e-37).to(dtype)
+    if case == "transposed view":
+        x = x.t().contiguous().t()
+    _poison_allocator(4 * x.numel())
+    assert fp8_kernels.supports(x) and fp8_kernels.supports_tensor_shape(x.shape, not rows_only)
+    rows, columns = quantize_operands(x, TENSOR, None if rows_only else TENSOR, name="x")
+    _assert_operands_identical(rows, quantize_reference(x, "tensor"), "rows")
+    if rows_only:
+        assert columns is None
+    else:
+        _assert_operands_identical(columns, quantize_reference(x, "tensor", transpose=True), "columns")
+
+
 @pytest.mark.parametrize("layout", ["ragged rows", "strided", "transposed view", "float16"])
 def test_fused_quantizer_inputs_of_every_layout(layout):
     if layout == "ragged rows":  # rows-only, 200 tokens: the tail tile is masked, nothing padded
