@@ -164,6 +164,19 @@ if triton is not None:
                 tl.store(col_scales_ptr + col_64 * col_scale_stride_col + tile_row * col_scale_stride_block, decode)
 
 
+def _check_input(x: torch.Tensor, rows: bool, columns: bool, function: str, name: Optional[str]) -> str:
+    """Raise on what the kernel cannot take; returns the error prefix naming the operand."""
+    where = f"{name}: " if name else ""
+    if triton is None:
+        raise RuntimeError(f"{where}{function} needs Triton; {INSTALL_HINT}")
+    if not (x.is_cuda or INTERPRETING) or x.ndim != 2 or x.dtype not in KERNEL_INPUT_DTYPES:
+        raise ValueError(f"{where}{function} takes a 2D CUDA tensor of {KERNEL_INPUT_DTYPES}, "
+                         f"got {x.dtype} {list(x.shape)} on {x.device}")
+    if not (rows or columns):
+        raise ValueError(f"{where}{function}: ask for rows, columns or both")
+    return where
+
+
 def _value_for_inf(dtype: torch.dtype) -> float:
     """TE's replacement for an infinite scale: the largest finite value of the input's dtype."""
     return float(torch.finfo(dtype).max)
@@ -199,14 +212,7 @@ def fp8_block_quantize(
     asked, scales in the GEMM layouts of the module docstring. C must divide by 128; R too, except
     for the rows-only 1D mode (tail rows are masked, nothing is padded).
     """
-    where = f"{name}: " if name else ""
-    if triton is None:
-        raise RuntimeError(f"{where}fp8_block_quantize needs Triton; {INSTALL_HINT}")
-    if not (x.is_cuda or INTERPRETING) or x.ndim != 2 or x.dtype not in KERNEL_INPUT_DTYPES:
-        raise ValueError(f"{where}fp8_block_quantize takes a 2D CUDA tensor of {KERNEL_INPUT_DTYPES}, "
-                         f"got {x.dtype} {list(x.shape)} on {x.device}")
-    if not (rows or columns):
-        raise ValueError(f"{where}fp8_block_quantize: ask for rows, columns or both")
+    where = _check_input(x, rows, columns, "fp8_block_quantize", name)
     num_rows, num_cols = x.shape
     if num_cols % BLOCK != 0:
         raise ValueError(f"{where}last dim {num_cols} is not a multiple of {BLOCK} (shape {list(x.shape)})")
@@ -268,14 +274,7 @@ def fp8_tensor_quantize(
     them). Returns (row_codes, column_codes, decode scale 0-dim fp32), None where not asked.
     C must divide by 128; R too when ``columns`` (see ``supports_tensor_shape``).
     """
-    where = f"{name}: " if name else ""
-    if triton is None:
-        raise RuntimeError(f"{where}fp8_tensor_quantize needs Triton; {INSTALL_HINT}")
-    if not (x.is_cuda or INTERPRETING) or x.ndim != 2 or x.dtype not in KERNEL_INPUT_DTYPES:
-        raise ValueError(f"{where}fp8_tensor_quantize takes a 2D CUDA tensor of {KERNEL_INPUT_DTYPES}, "
-                         f"got {x.dtype} {list(x.shape)} on {x.device}")
-    if not (rows or columns):
-        raise ValueError(f"{where}fp8_tensor_quantize: ask for rows, columns or both")
+    where = _check_input(x, rows, columns, "fp8_tensor_quantize", name)
     if not supports_tensor_shape(x.shape, columns):
         raise ValueError(f"{where}fp8_tensor_quantize needs the last dim (and, for columns, the first) to divide "
                          f"by {BLOCK}, got {list(x.shape)}")
