@@ -9,7 +9,10 @@ apply_precision -> parallelize) and timed with CUDA events (benchmarks.timing) a
 
 then where its memory goes (benchmarks.memory: weights by dtype, buffers, gradients, optimizer
 states, activations at the fwd+bwd peak) and, optionally, a per-component breakdown of one profiled fwd+bwd (projections, SSD, conv,
-norms, attention, quantization, loss, other) from the PyTorch profiler's CUDA kernel times.
+norms, attention, quantization, loss, other) from the PyTorch profiler's CUDA kernel times,
+with the number of kernels launched and the GPU's idle time (wall time not covered by kernels:
+where a step is bound by launches or Python). With compiled blocks it also counts torch.compile's
+graph breaks during the first call (each break splits a block and runs the code between eagerly).
 """
 
 from __future__ import annotations
@@ -109,8 +112,11 @@ def profile_breakdown(fn) -> Dict[str, float]:
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        started = time.perf_counter()
         fn()
         torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - started) * 1000
+    launches = 0
     totals: Dict[str, float] = {}
     kernels: Dict[str, float] = {}
     for event in prof.key_averages():
@@ -120,6 +126,7 @@ def profile_breakdown(fn) -> Dict[str, float]:
         if device_us <= 0 or not is_kernel(event.key):
             continue
         component = classify(event.key)
+        launches += event.count
         totals[component] = totals.get(component, 0.0) + device_us / 1000
         kernels[event.key] = kernels.get(event.key, 0.0) + device_us / 1000
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
@@ -131,8 +138,33 @@ def profile_breakdown(fn) -> Dict[str, float]:
             ops.append((device_us / 1000, event.count, event.key, str(event.input_shapes)[:160]))
     ops.sort(key=lambda row: -row[0])
     return {"components_ms": dict(sorted(totals.items(), key=lambda kv: -kv[1])),
+            "kernel_launches": launches,
+            # Under the profiler (which slows the host a little): the wall time of the profiled call.
+            "profiled_wall_ms": wall_ms,
             "top_kernels_ms": {k[:120]: round(v, 3) for k, v in top},
             "top_aten_ops": [f"{ms:8.2f} ms x{count:<4} {key} {shapes}" for ms, count, key, shapes in ops[:25]]}
+
+
+@contextlib.contextmanager
+def count_graph_breaks():
+    """Yields a dict filled on exit: torch.compile's graph breaks during the block, by reason.
+
+    {"total": n, "reasons": {reason: count, ...}} (the five most frequent reasons, each cut to
+    200 characters), from torch._dynamo's counters, as a difference, so earlier compilations in
+    the process do not count.
+    """
+    from torch._dynamo.utils import counters
+
+    before = dict(counters["graph_break"])
+    summary: Dict[str, object] = {}
+    try:
+        yield summary
+    finally:
+        added = {reason: count - before.get(reason, 0) for reason, count in counters["graph_break"].items()}
+        added = {reason: count for reason, count in added.items() if count > 0}
+        top = sorted(added.items(), key=lambda kv: -kv[1])[:5]
+        summary["total"] = sum(added.values())
+        summary["reasons"] = {reason[:200]: count for reason, count in top}
 
 
 def bench_precision(precision: str, settings: StepBenchmark) -> dict:
@@ -160,7 +192,8 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     started = time.time()
-    fwd_bwd_only()  # first call: compile, autotune, lazy init
+    with count_graph_breaks() as graph_breaks:
+        fwd_bwd_only()  # first call: compile, autotune, lazy init
     optimizer.zero_grad(set_to_none=True)
     first_call_s = time.time() - started
     fwd_bwd = cuda_times_ms(lambda: (fwd_bwd_only(), optimizer.zero_grad(set_to_none=True)), settings.warmup,
@@ -190,6 +223,7 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
         "memory_gib": memory,
         "model_tflop_per_step": flops / 1e12,
         "first_call_s": first_call_s,
+        "graph_breaks": graph_breaks,
         "parameters": sum(p.numel() for p in model.parameters()),
         "plan": plan.summary(),
         **breakdown,
@@ -221,4 +255,13 @@ def render(results: List[dict]) -> str:
             total = sum(r["components_ms"].values())
             parts = ", ".join(f"{k} {v:.1f}" for k, v in r["components_ms"].items())
             lines.append(f"  {r['precision']} breakdown (ms of {total:.1f} kernel time): {parts}")
+    for r in results:
+        if "kernel_launches" in r:
+            idle = r["profiled_wall_ms"] - sum(r["components_ms"].values())
+            lines.append(f"  {r['precision']} launches: {r['kernel_launches']} kernels in one fwd+bwd; "
+                         f"GPU idle {idle:.1f} ms of {r['profiled_wall_ms']:.1f} ms profiled wall time")
+        breaks = r.get("graph_breaks") or {}
+        if breaks.get("total"):
+            reasons = "; ".join(f"{count}x {reason}" for reason, count in breaks["reasons"].items())
+            lines.append(f"  {r['precision']} graph breaks while compiling: {breaks['total']} ({reasons})")
     return "\n".join(lines)

@@ -20,3 +20,37 @@ def test_kernels_land_in_their_component():
     assert classify("_chunk_scan_chunk_state_bwd_dx_kernel") == "ssd"
     assert classify("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>") == \
         "other (elementwise, copies)"
+
+
+def test_graph_breaks_are_counted_by_reason():
+    import torch
+
+    from benchmarks.step import count_graph_breaks
+
+    def with_a_break(x):
+        x = x * 2
+        torch._dynamo.graph_break()
+        return x + 1
+
+    def without(x):
+        return x * 2 + 1
+
+    torch._dynamo.reset()
+    with count_graph_breaks() as clean:
+        torch.compile(without, backend="eager")(torch.ones(3))
+    with count_graph_breaks() as broken:
+        torch.compile(with_a_break, backend="eager")(torch.ones(3))
+    assert clean == {"total": 0, "reasons": {}}
+    assert broken["total"] >= 1 and sum(broken["reasons"].values()) == broken["total"]
+
+
+def test_render_shows_launches_idle_time_and_graph_breaks():
+    from benchmarks.step import render
+
+    row = {"precision": "nvfp4", "backend": "emulated", "fwd_bwd_ms": 12.0, "step_ms": 13.0, "tokens_per_s": 1.0,
+           "mfu": 0.1, "peak_memory_gib": 1.0, "components_ms": {"quantization": 4.0, "other (elementwise, copies)": 5.0},
+           "kernel_launches": 812, "profiled_wall_ms": 15.0,
+           "graph_breaks": {"total": 3, "reasons": {"Unsupported: torch.Generator": 3}}}
+    text = render([row])
+    assert "812 kernels" in text and "GPU idle 6.0 ms of 15.0 ms" in text
+    assert "graph breaks while compiling: 3 (3x Unsupported: torch.Generator)" in text

@@ -26,3 +26,11 @@ def test_bench_precision_on_a_tiny_model_reports_where_memory_goes(precision):
     if precision == "fp8_lm_head":  # every linear, the output projection included, in FP8
         assert shares == {"fp8_block": pytest.approx(1.0)}
     assert f"{precision} memory (GiB" in render([result])
+
+
+def test_profiled_bench_counts_launches_and_graph_breaks():
+    settings = StepBenchmark(model="study", seq_len=256, micro_batch=2, warmup=1, iters=2, compile=True, profile=True)
+    result = bench_precision("bf16", settings)
+    assert result["kernel_launches"] > 0 and result["profiled_wall_ms"] > 0
+    assert set(result["graph_breaks"]) == {"total", "reasons"}
+    assert "kernels in one fwd+bwd" in render([result])
