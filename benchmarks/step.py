@@ -36,12 +36,14 @@ from trainer.hardware import bf16_peak_flops
 from trainer.loop import build_model_on, forward_backward, train_step
 from trainer.optim import build_optimizer
 
-# name -> config overrides. fp8 runs natively through torch._scaled_mm; nvfp4 is emulated on
-# Hopper; nvfp4_te runs through Transformer Engine where the GPU supports it (Blackwell).
+# name -> config overrides. fp8 (1x128 / 128x128 blockwise, the paper's baseline) and fp8_tensor
+# (one scale per tensor, TE's Float8CurrentScaling) run natively through torch._scaled_mm; nvfp4 is
+# emulated on Hopper; nvfp4_te runs through Transformer Engine where the GPU supports it (Blackwell).
 PRECISIONS = {
     "bf16": ["precision=bf16"],
     "fp8": ["precision=fp8", "precision.backend=torch"],
     "fp8_lm_head": ["precision=fp8", "precision.backend=torch", "precision.quantize_lm_head=true"],
+    "fp8_tensor": ["precision=fp8", "precision.format=fp8_tensor", "precision.backend=torch"],
     "nvfp4": ["precision=nvfp4", "precision.backend=emulated"],
     "nvfp4_te": ["precision=nvfp4", "precision.backend=te"],
     "fp8_te": ["precision=fp8", "precision.backend=te"],

@@ -54,3 +54,25 @@ def test_render_shows_launches_idle_time_and_graph_breaks():
     text = render([row])
     assert "812 kernels" in text and "GPU idle 6.0 ms of 15.0 ms" in text
     assert "graph breaks while compiling: 3 (3x Unsupported: torch.Generator)" in text
+
+
+def test_every_benchmark_precision_composes_to_its_format():
+    import dataclasses
+
+    from benchmarks.step import PRECISIONS, StepBenchmark, build_config
+    from models import build_model
+    from models.quant.recipe import apply_precision
+
+    expected = {"bf16": "bf16", "fp8": "fp8_block", "fp8_lm_head": "fp8_block", "fp8_tensor": "fp8_tensor",
+                "nvfp4": "nvfp4", "nvfp4_te": "nvfp4", "fp8_te": "fp8_block"}
+    assert set(PRECISIONS) == set(expected)
+    for precision, fmt in expected.items():
+        cfg = build_config(precision, StepBenchmark(model="study", seq_len=256))
+        assert cfg.precision.format == fmt, precision
+        if fmt == "bf16":
+            continue
+        # The plan on the CPU (emulated): which formats the layers get, not the backend's kernels.
+        plan = apply_precision(build_model(cfg.model), dataclasses.replace(cfg.precision, backend="emulated"))
+        shares = plan.summary()["flop_share_by_format"]
+        assert shares.get(fmt, 0) > 0.5, (precision, shares)
+        assert ("bf16" not in shares) == (precision == "fp8_lm_head"), (precision, shares)

@@ -10,7 +10,7 @@ from benchmarks.step import StepBenchmark, bench_precision, render
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp8_lm_head"])
+@pytest.mark.parametrize("precision", ["bf16", "fp8_lm_head", "fp8_tensor"])
 def test_bench_precision_on_a_tiny_model_reports_where_memory_goes(precision):
     if precision.startswith("fp8") and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the torch FP8 blockwise backend needs compute capability 9.x")
@@ -25,6 +25,8 @@ def test_bench_precision_on_a_tiny_model_reports_where_memory_goes(precision):
     shares = result["plan"]["flop_share_by_format"]
     if precision == "fp8_lm_head":  # every linear, the output projection included, in FP8
         assert shares == {"fp8_block": pytest.approx(1.0)}
+    if precision == "fp8_tensor":  # the block linears per tensor, the output projection in BF16
+        assert set(shares) == {"fp8_tensor", "bf16"}
     assert f"{precision} memory (GiB" in render([result])
 
 
