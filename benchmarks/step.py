@@ -128,7 +128,8 @@ def profile_breakdown(fn) -> Dict[str, float]:
         if device_us <= 0 or not is_kernel(event.key):
             continue
         component = classify(event.key)
-        launches += event.count
+        if not event.key.startswith(("Memcpy", "Memset")):  # copies and fills the runtime issues are not launches
+            launches += event.count
         totals[component] = totals.get(component, 0.0) + device_us / 1000
         kernels[event.key] = kernels.get(event.key, 0.0) + device_us / 1000
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:15]
@@ -162,11 +163,14 @@ def count_graph_breaks():
     try:
         yield summary
     finally:
-        added = {reason: count - before.get(reason, 0) for reason, count in counters["graph_break"].items()}
-        added = {reason: count for reason, count in added.items() if count > 0}
-        top = sorted(added.items(), key=lambda kv: -kv[1])[:5]
+        added: Dict[str, int] = {}
+        for reason, count in counters["graph_break"].items():
+            if count > before.get(reason, 0):
+                # One line of at most 200 characters; reasons that then read the same are counted together.
+                short = " ".join(str(reason).split())[:200]
+                added[short] = added.get(short, 0) + count - before.get(reason, 0)
         summary["total"] = sum(added.values())
-        summary["reasons"] = {reason[:200]: count for reason, count in top}
+        summary["reasons"] = dict(sorted(added.items(), key=lambda kv: -kv[1])[:5])
 
 
 def bench_precision(precision: str, settings: StepBenchmark) -> dict:
@@ -259,7 +263,8 @@ def render(results: List[dict]) -> str:
             lines.append(f"  {r['precision']} breakdown (ms of {total:.1f} kernel time): {parts}")
     for r in results:
         if "kernel_launches" in r:
-            idle = r["profiled_wall_ms"] - sum(r["components_ms"].values())
+            # Wall time not covered by the summed kernel time (0 if kernels on several streams overlapped).
+            idle = max(0.0, r["profiled_wall_ms"] - sum(r["components_ms"].values()))
             lines.append(f"  {r['precision']} launches: {r['kernel_launches']} kernels in one fwd+bwd; "
                          f"GPU idle {idle:.1f} ms of {r['profiled_wall_ms']:.1f} ms profiled wall time")
         breaks = r.get("graph_breaks") or {}

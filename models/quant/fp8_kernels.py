@@ -302,4 +302,4 @@ def fp8_tensor_quantize(
 
 def supports_tensor_shape(shape, columns: bool) -> bool:
     """Whether fp8_tensor_quantize takes a tensor of this shape (else the torch reference runs)."""
-    return shape[1] % BLOCK == 0 and (not columns or shape[0] % BLOCK == 0)
+    return shape[0] > 0 and shape[1] % BLOCK == 0 and (not columns or shape[0] % BLOCK == 0)

@@ -703,7 +703,9 @@ def scale_gemm_output(out: torch.Tensor, decode: torch.Tensor, dtype: torch.dtyp
     out: contiguous fp32 [M, N] (CUDA); decode: fp32 one-element tensor (the product of the operands'
     per-tensor decode scales). Bit for bit the torch expressions above: an fp32 multiply, then RNE to
     dtype (``_round_to_bf16`` for the widened case). The widened form is Wgrad's: the FP32 gradient
-    of an FP32 master weight, computed in bf16, without a bf16 buffer and a widening copy.
+    of an FP32 master weight, computed in bf16, without a bf16 buffer and a widening copy. A NaN
+    stays NaN, but its sign and payload bits may differ from torch's cast (which itself differs
+    between CPU and CUDA); the tests compare NaN as NaN.
     """
     require_triton("models.quant.kernels.scale_gemm_output")
     if out.dtype != torch.float32 or not out.is_contiguous():

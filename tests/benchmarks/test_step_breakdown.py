@@ -42,6 +42,7 @@ def test_graph_breaks_are_counted_by_reason():
         torch.compile(with_a_break, backend="eager")(torch.ones(3))
     assert clean == {"total": 0, "reasons": {}}
     assert broken["total"] >= 1 and sum(broken["reasons"].values()) == broken["total"]
+    assert all("\n" not in reason and len(reason) <= 200 for reason in broken["reasons"])
 
 
 def test_render_shows_launches_idle_time_and_graph_breaks():

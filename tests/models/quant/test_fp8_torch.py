@@ -336,3 +336,13 @@ def test_bias_is_added_after_the_gemm():
     x = torch.randn(32, 128)
     with torch.no_grad():
         assert torch.equal(native(x), native_without_bias(x) + linear.bias)
+
+
+def test_per_tensor_kernel_shapes_it_takes():
+    """fp8_kernels.fp8_tensor_quantize's shapes; others (empty ones included) go to the torch reference."""
+    from models.quant import fp8_kernels
+
+    assert fp8_kernels.supports_tensor_shape((200, 256), columns=False)  # ragged rows, rows only: masked
+    assert not fp8_kernels.supports_tensor_shape((200, 256), columns=True)  # x^T needs whole 128-row blocks
+    assert not fp8_kernels.supports_tensor_shape((256, 200), columns=False)
+    assert not fp8_kernels.supports_tensor_shape((0, 256), columns=False)  # the reference raises its own error
