@@ -242,13 +242,12 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
     if rows_kind is not None and columns_kind is not None and rows_kind != columns_kind:
         return quantize_operands(tensor, rows, None, name=name)[0], quantize_operands(tensor, None, columns, name=name)[1]
     kind = rows_kind or columns_kind
-    if kind == "tensor" and fp8_kernels.supports(tensor) and fp8_kernels.supports_tensor_shape(
-            tensor.shape, columns is not None):
-        row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(
-            tensor, rows=rows is not None, columns=columns is not None, name=name)
-        return (Fp8Operand(row_codes, decode, "tensor") if rows is not None else None,
-                Fp8Operand(col_codes, decode, "tensor") if columns is not None else None)
     if kind == "tensor":
+        if fp8_kernels.supports(tensor) and fp8_kernels.supports_tensor_shape(tensor.shape, columns is not None):
+            row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(
+                tensor, rows=rows is not None, columns=columns is not None, name=name)
+            return (Fp8Operand(row_codes, decode, "tensor") if rows is not None else None,
+                    Fp8Operand(col_codes, decode, "tensor") if columns is not None else None)
         operand = quantize_reference(tensor, "tensor")
         transposed = None
         if columns is not None:

@@ -276,40 +276,32 @@ if triton is not None:
         return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
 
     @triton.jit
+    def _magnitude(x, NAN_TO_INF: tl.constexpr):
+        """|x|, with NaN -> +Inf if NAN_TO_INF (so a max never drops it)."""
+        if NAN_TO_INF:
+            magnitude = abs_nan_to_inf(x)
+        else:
+            magnitude = tl.abs(x)
+        return magnitude
+
+    @triton.jit
     def _max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF: tl.constexpr):
         """Elementwise max |x_j| over the 16 tensors (NaN -> Inf first if NAN_TO_INF)."""
-        if NAN_TO_INF:
-            block = tl.maximum(abs_nan_to_inf(x0), abs_nan_to_inf(x1))
-            block = tl.maximum(block, abs_nan_to_inf(x2))
-            block = tl.maximum(block, abs_nan_to_inf(x3))
-            block = tl.maximum(block, abs_nan_to_inf(x4))
-            block = tl.maximum(block, abs_nan_to_inf(x5))
-            block = tl.maximum(block, abs_nan_to_inf(x6))
-            block = tl.maximum(block, abs_nan_to_inf(x7))
-            block = tl.maximum(block, abs_nan_to_inf(x8))
-            block = tl.maximum(block, abs_nan_to_inf(x9))
-            block = tl.maximum(block, abs_nan_to_inf(x10))
-            block = tl.maximum(block, abs_nan_to_inf(x11))
-            block = tl.maximum(block, abs_nan_to_inf(x12))
-            block = tl.maximum(block, abs_nan_to_inf(x13))
-            block = tl.maximum(block, abs_nan_to_inf(x14))
-            block = tl.maximum(block, abs_nan_to_inf(x15))
-        else:
-            block = tl.maximum(tl.abs(x0), tl.abs(x1))
-            block = tl.maximum(block, tl.abs(x2))
-            block = tl.maximum(block, tl.abs(x3))
-            block = tl.maximum(block, tl.abs(x4))
-            block = tl.maximum(block, tl.abs(x5))
-            block = tl.maximum(block, tl.abs(x6))
-            block = tl.maximum(block, tl.abs(x7))
-            block = tl.maximum(block, tl.abs(x8))
-            block = tl.maximum(block, tl.abs(x9))
-            block = tl.maximum(block, tl.abs(x10))
-            block = tl.maximum(block, tl.abs(x11))
-            block = tl.maximum(block, tl.abs(x12))
-            block = tl.maximum(block, tl.abs(x13))
-            block = tl.maximum(block, tl.abs(x14))
-            block = tl.maximum(block, tl.abs(x15))
+        block = tl.maximum(_magnitude(x0, NAN_TO_INF), _magnitude(x1, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x2, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x3, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x4, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x5, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x6, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x7, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x8, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x9, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x10, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x11, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x12, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x13, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x14, NAN_TO_INF))
+        block = tl.maximum(block, _magnitude(x15, NAN_TO_INF))
         return block
 
     @triton.jit
