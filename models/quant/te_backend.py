@@ -124,18 +124,18 @@ class TeAutocast:
 
 
 def convert(model: nn.Module, names: List[str], cfg: PrecisionConfig):
-    """Swap the named nn.Linears for te.Linear (same weights) and wrap forward in te.autocast.
+    """Swap the named nn.Linears for te.Linear (the same weight Parameters) and wrap forward in te.autocast.
 
     Why this path is not a ``QuantizedLinear`` and differs from the other backends:
     - TE's GEMMs, quantizers and workspaces live inside ``te.Linear`` (its forward is TE's own
       autograd function, driven by the recipe of the enclosing ``te.autocast``), so the layer must
       be TE's module, not a subclass of ours; the late switch and the step live in ``TeAutocast``.
-    - The weight is copied, not adopted: ``te.Linear`` registers its own Parameter through TE's
-      ``register_parameter`` (with init metadata and tensor-parallel attributes set on the object);
-      swapping in another Parameter object is not something TE documents, and it could not be run
-      against TE here. The copy is made once, before the optimizer and FSDP exist (apply_precision
-      runs right after init), with the same dtype, device and state-dict key ('weight'), so nothing
-      downstream sees a difference beyond a transient second allocation of those weights.
+    - The weight is adopted, as the other backends adopt it: the te.Linear is built (TE registers
+      its own Parameter, with init metadata and tensor-parallel attributes set on the object), then
+      the nn.Linear's Parameter takes its place, carrying over the attributes TE set on its own and
+      TE's init metadata (``param_init_meta``, which nn.Module's attribute assignment would
+      otherwise reset through TE's ``register_parameter``). The model keeps the very Parameter
+      objects it was built with, so references taken before the conversion stay live.
     - ``model.forward`` is wrapped because TE wants one ``te.autocast`` region around the whole
       forward (the backward reuses the recipe captured there) and nn.Module has no hook that
       encloses a forward: a pre-hook/post-hook pair would leave TE's global autocast state entered
@@ -143,7 +143,6 @@ def convert(model: nn.Module, names: List[str], cfg: PrecisionConfig):
       instance attribute, so the class, the state dict and ``model.layers`` are untouched.
     """
     require_te()
-    import torch
     import transformer_engine.pytorch as te
 
     modules = {}
@@ -155,8 +154,7 @@ def convert(model: nn.Module, names: List[str], cfg: PrecisionConfig):
             raise ValueError(f"layer '{name}': the te backend conversion expects bias-free linears")
         replacement = te.Linear(linear.in_features, linear.out_features, bias=False,
                                 params_dtype=linear.weight.dtype, device=linear.weight.device)
-        with torch.no_grad():
-            replacement.weight.copy_(linear.weight)
+        _adopt_weight(replacement, linear.weight)
         setattr(parent, child, replacement)
         modules[name] = replacement
 
@@ -169,3 +167,18 @@ def convert(model: nn.Module, names: List[str], cfg: PrecisionConfig):
 
     model.forward = forward_under_te_autocast
     return modules, autocast
+
+
+def _adopt_weight(module: nn.Module, weight: nn.Parameter) -> None:
+    """Make ``weight`` the te.Linear's Parameter, keeping what TE attached to its own."""
+    own = module.weight
+    if own.shape != weight.shape or own.dtype != weight.dtype or own.device != weight.device:
+        raise ValueError(f"te.Linear's weight is {own.dtype} {list(own.shape)} on {own.device}, "
+                         f"the adopted one {weight.dtype} {list(weight.shape)} on {weight.device}")
+    init_meta = getattr(module, "param_init_meta", {}).get("weight")
+    for attribute, value in vars(own).items():  # e.g. tensor_model_parallel, partition_dim
+        if not hasattr(weight, attribute):
+            setattr(weight, attribute, value)
+    module.weight = weight  # nn.Module.__setattr__ -> TE's register_parameter
+    if init_meta is not None:
+        module.param_init_meta["weight"] = init_meta

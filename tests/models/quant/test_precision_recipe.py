@@ -196,3 +196,31 @@ def test_quantize_lm_head_gives_the_output_projection_the_recipe_and_changes_not
     assert type(model.lm_head).__name__ != "Linear" and plan.layers[-1].name == "lm_head"
     logits = model(torch.randint(0, model.config.vocab_size, (1, 16)))
     assert logits.shape[-1] == model.config.vocab_size and torch.isfinite(logits).all()
+
+
+def test_te_weight_adoption_keeps_the_parameter_and_what_te_attached():
+    """te_backend._adopt_weight on a stand-in with TE's register_parameter override (TE itself is a GPU test)."""
+
+    class InitMeta:
+        def __init__(self, init_fn=None):
+            self.init_fn = init_fn
+
+    class TeLikeLinear(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.param_init_meta = {}
+            self.register_parameter("weight", nn.Parameter(torch.zeros(4, 8)), init_fn="te_init")
+            self.weight.partition_dim = 1  # what TE's set_tensor_model_parallel_attributes sets
+
+        def register_parameter(self, name, param, **kwargs):  # TE's override: resets the meta
+            super().register_parameter(name, param)
+            self.param_init_meta[name] = InitMeta(**kwargs)
+
+    module = TeLikeLinear()
+    weight = nn.Parameter(torch.randn(4, 8))
+    te_backend._adopt_weight(module, weight)
+    assert module.weight is weight and module.weight.partition_dim == 1
+    assert module.param_init_meta["weight"].init_fn == "te_init"
+    assert list(dict(module.named_parameters())) == ["weight"]
+    with pytest.raises(ValueError, match=r"float32 \[4, 8\].*float32 \[8, 4\]"):
+        te_backend._adopt_weight(TeLikeLinear(), nn.Parameter(torch.randn(8, 4)))

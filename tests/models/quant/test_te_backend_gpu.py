@@ -30,13 +30,15 @@ def test_te_float8_block_scaling_trains_and_keeps_bf16_layers_plain():
         model = build_model(_tiny128())
     model.init_weights()
     reference = {name: p.detach().clone() for name, p in model.named_parameters()}
+    parameters = dict(model.named_parameters())
     cfg = PrecisionConfig(name="fp8", format="fp8_block", backend="te", bf16_layers_at_start=1, bf16_layers_at_end=1)
     plan = apply_precision(model, cfg)
     assert plan.backend == "te"
     converted = [n for n, m in model.named_modules() if isinstance(m, te.Linear)]
     assert converted and all(not n.startswith(("layers.0.", "layers.5.")) for n in converted)
     assert isinstance(model.layers[0].mixer.in_proj, torch.nn.Linear) and not isinstance(model.layers[0].mixer.in_proj, te.Linear)
-    for name, param in model.named_parameters():  # the swap keeps every weight
+    for name, param in model.named_parameters():  # the swap keeps every weight: the same Parameter objects
+        assert param is parameters[name], name
         torch.testing.assert_close(param.detach(), reference[name], rtol=0, atol=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     tokens = torch.randint(0, 256, (2, 129), device="cuda")
@@ -50,6 +52,8 @@ def test_te_float8_block_scaling_trains_and_keeps_bf16_layers_plain():
         optimizer.zero_grad()
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    te_weight = model.get_submodule(converted[0]).weight
+    assert te_weight is parameters[converted[0] + ".weight"] and not torch.equal(te_weight, reference[converted[0] + ".weight"])
     # Late switch: TE's autocast turns off and the layers run in BF16.
     plan.switch_to_bf16("forward_backward")
     assert plan.te_autocast.enabled is False and plan.summary()["switched_to_bf16"]
