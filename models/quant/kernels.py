@@ -193,14 +193,35 @@ if triton is not None:
         index = tl.arange(0, PARTIALS_POW2)
         # NaN -> Inf before the max (tl.max may drop a NaN): a torch-reduced amax can be NaN.
         partials = tl.load(partials_ptr + index, mask=index < num_partials, other=0.0).to(tl.float32)
-        amax = tl.max(abs_nan_to_inf(partials), axis=0)
+        encode, decode = _global_scales(tl.max(abs_nan_to_inf(partials), axis=0))
+        tl.store(global_ptr, encode)
+        tl.store(global_ptr + 1, decode)
+
+    @triton.jit
+    def _global_scales(amax):
+        """(S_enc, S_dec) of the tensor's fp32 amax >= 0 (+Inf for NaN/Inf), TE's order:
+        S_enc = min(2688 / amax, FLT_MAX); 1 if amax == 0 or S_enc == 0; NaN if amax is not finite."""
         encode = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)
         encode = tl.where(encode > 3.4028234663852886e38, 3.4028234663852886e38, encode)
         encode = tl.where((amax == 0.0) | (encode == 0.0), 1.0, encode)
         encode = tl.where(amax <= 3.4028234663852886e38, encode, nan_fp32())
         decode = tl.math.div_rn(tl.full([], 1.0, tl.float32), encode)
-        tl.store(global_ptr, encode)
-        tl.store(global_ptr + 1, decode)
+        return encode, decode
+
+    @triton.jit
+    def _load_global_scales(global_ptr, amax_ptr, first_program, SCALES_FROM_AMAX: tl.constexpr):
+        """(S_enc, S_dec): from the finalize kernel's output, or (SCALES_FROM_AMAX) computed here from
+        the tensor's amax (one value in x's dtype, torch's reduction), the first program writing them
+        to global_ptr for the GEMM. Every program computes the same two numbers."""
+        if SCALES_FROM_AMAX:
+            encode, decode = _global_scales(abs_nan_to_inf(tl.load(amax_ptr).to(tl.float32)))
+            if first_program:
+                tl.store(global_ptr, encode)
+                tl.store(global_ptr + 1, decode)
+        else:
+            encode = tl.load(global_ptr)
+            decode = tl.load(global_ptr + 1)
+        return encode, decode
 
     @triton.jit
     def _e4m3_scale(value):
@@ -359,6 +380,7 @@ if triton is not None:
         codes_ptr,
         scales_ptr,
         global_ptr,
+        amax_ptr,
         seed_ptr,
         rows,
         cols,
@@ -367,12 +389,12 @@ if triton is not None:
         TWO_D: tl.constexpr,
         STOCHASTIC: tl.constexpr,
         WRITE_CODES: tl.constexpr,
+        SCALES_FROM_AMAX: tl.constexpr,
     ):
         """One [BLOCK_R, BLOCK_C] tile: 1x16 blocks along cols, or (TWO_D, BLOCK_R == 16) 16x16 tiles."""
         pid_r = tl.program_id(0)
         pid_c = tl.program_id(1)
-        encode = tl.load(global_ptr)  # S_enc, from _finalize_scales_kernel
-        decode = tl.load(global_ptr + 1)  # S_dec = 1 / S_enc
+        encode, decode = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), SCALES_FROM_AMAX)
         row = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (row < rows)[:, None] & (col < cols)[None, :]
@@ -455,6 +477,7 @@ if triton is not None:
         codes_ptr,
         scales_ptr,
         global_ptr,
+        amax_ptr,
         seed_ptr,
         groups,
         cols,
@@ -464,12 +487,12 @@ if triton is not None:
         ROUND_BF16: tl.constexpr,
         STOCHASTIC: tl.constexpr,
         WRITE_CODES: tl.constexpr,
+        SCALES_FROM_AMAX: tl.constexpr,
     ):
         """GROUPS groups of 16 rows x BLOCK_C cols; blocks are 16x1 (down the columns)."""
         pid_g = tl.program_id(0)
         pid_c = tl.program_id(1)
-        encode = tl.load(global_ptr)  # S_enc, from _finalize_scales_kernel
-        decode = tl.load(global_ptr + 1)  # S_dec = 1 / S_enc
+        encode, decode = _load_global_scales(global_ptr, amax_ptr, (pid_g == 0) & (pid_c == 0), SCALES_FROM_AMAX)
         group = pid_g * GROUPS + tl.arange(0, GROUPS)
         col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (group < groups)[:, None] & (col < cols)[None, :]
@@ -503,13 +526,19 @@ if triton is not None:
 
     @triton.jit
     def _scale_gemm_output_kernel(
-        out_ptr, result_ptr, decode_ptr, numel, BLOCK: tl.constexpr, WIDEN_FROM_BF16: tl.constexpr,
+        out_ptr, result_ptr, decode_ptr, decode_b_ptr, numel, BLOCK: tl.constexpr, WIDEN_FROM_BF16: tl.constexpr,
+        TWO_DECODES: tl.constexpr,
     ):
         """result = (out * S_dec) rounded to result's dtype, or (WIDEN_FROM_BF16) rounded to bf16 and
-        stored as fp32; one fp32 multiply, one RNE rounding, as torch's mul-then-cast."""
+        stored as fp32; one fp32 multiply, one RNE rounding, as torch's mul-then-cast. TWO_DECODES:
+        S_dec = decode * decode_b, the operands' two per-tensor decode scales (one fp32 product, as
+        torch's), so no separate launch multiplies them."""
         offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < numel
-        scaled = tl.load(out_ptr + offsets, mask=mask, other=0.0) * tl.load(decode_ptr)
+        decode = tl.load(decode_ptr)
+        if TWO_DECODES:
+            decode = decode * tl.load(decode_b_ptr)
+        scaled = tl.load(out_ptr + offsets, mask=mask, other=0.0) * decode
         if WIDEN_FROM_BF16:
             tl.store(result_ptr + offsets, _round_to_bf16(scaled), mask=mask)
         elif result_ptr.dtype.element_ty == tl.bfloat16:
@@ -605,6 +634,18 @@ def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_c
     return global_scales
 
 
+def _global_scales_or_amax(x: torch.Tensor, *, rht: bool):
+    """(global_scales [2] fp32, amax) for a quantize kernel. With torch's amax reduction and no RHT the
+    finalize launch is skipped: ``amax`` is max |x| (one value) and the kernel derives [S_enc, S_dec]
+    itself, writing them into the (uninitialized) ``global_scales``; otherwise ``global_scales`` is
+    amax_global_scales' output and ``amax`` is that same tensor (a placeholder the kernel ignores)."""
+    if rht or AMAX_REDUCTION != "torch":
+        global_scales = amax_global_scales(x, rht=rht)
+        return global_scales, global_scales
+    amax = torch.linalg.vector_norm(x, float("inf")).reshape(1)  # in x's dtype: exact (a max of x's values)
+    return torch.empty(2, dtype=torch.float32, device=x.device), amax
+
+
 def _outputs(x, scales_shape, out_dtype, write_codes):
     values = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if write_codes else values
@@ -637,15 +678,15 @@ def nvfp4_quantize_rows(
     block_r, block_c, warps = config or ROWS_CONFIG
     if two_d:
         block_r = 16
-    global_scales = amax_global_scales(x, rht=False)
+    global_scales, amax = _global_scales_or_amax(x, rht=False)
     scales_shape = (rows // 16, cols // 16) if two_d else (rows, cols // 16)
     values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes)
     seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
     grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
     _quantize_rows_kernel[grid](
-        x, values, codes, scales.view(torch.uint8), global_scales, seed_tensor, rows, cols,
+        x, values, codes, scales.view(torch.uint8), global_scales, amax, seed_tensor, rows, cols,
         BLOCK_R=block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic, WRITE_CODES=write_codes,
-        num_warps=warps, enable_fp_fusion=False,
+        SCALES_FROM_AMAX=amax is not global_scales, num_warps=warps, enable_fp_fusion=False,
     )
     return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)
 
@@ -671,14 +712,15 @@ def nvfp4_quantize_columns(
     x = x.contiguous()
     rows, cols = x.shape
     groups_per_program, block_c, warps = config or COLUMNS_CONFIG
-    global_scales = amax_global_scales(x, rht=rht)
+    global_scales, amax = _global_scales_or_amax(x, rht=rht)
     values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes)
     seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
     grid = (triton.cdiv(rows // 16, groups_per_program), triton.cdiv(cols, block_c))
     _quantize_columns_kernel[grid](
-        x, values, codes, scales.view(torch.uint8), global_scales, seed_tensor, rows // 16, cols,
+        x, values, codes, scales.view(torch.uint8), global_scales, amax, seed_tensor, rows // 16, cols,
         GROUPS=groups_per_program, BLOCK_C=block_c, RHT=rht, ROUND_BF16=x.dtype == torch.bfloat16,
-        STOCHASTIC=stochastic, WRITE_CODES=write_codes, num_warps=warps, enable_fp_fusion=False,
+        STOCHASTIC=stochastic, WRITE_CODES=write_codes, SCALES_FROM_AMAX=amax is not global_scales,
+        num_warps=warps, enable_fp_fusion=False,
     )
     return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)
 
@@ -688,12 +730,13 @@ EPILOGUE_WARPS = 8
 
 
 def scale_gemm_output(out: torch.Tensor, decode: torch.Tensor, dtype: torch.dtype, *,
-                      widen_to: Optional[torch.dtype] = None) -> torch.Tensor:
+                      widen_to: Optional[torch.dtype] = None, decode_b: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(out * decode).to(dtype) in one pass over an fp32 GEMM output; with ``widen_to=torch.float32``
     (and dtype bf16) ``(out * decode).to(bf16).to(float32)``, written in place into ``out``.
 
     out: contiguous fp32 [M, N] (CUDA); decode: fp32 one-element tensor (the product of the operands'
-    per-tensor decode scales). Bit for bit the torch expressions above: an fp32 multiply, then RNE to
+    per-tensor decode scales; or, with ``decode_b``, the first of the two, multiplied here as
+    ``decode * decode_b``). Bit for bit the torch expressions above: an fp32 multiply, then RNE to
     dtype (``_round_to_bf16`` for the widened case). The widened form is Wgrad's: the FP32 gradient
     of an FP32 master weight, computed in bf16, without a bf16 buffer and a widening copy. A NaN
     stays NaN, but its sign and payload bits may differ from torch's cast (which itself differs
@@ -709,7 +752,8 @@ def scale_gemm_output(out: torch.Tensor, decode: torch.Tensor, dtype: torch.dtyp
     result = out if widen else torch.empty(out.shape, dtype=dtype, device=out.device)
     numel = out.numel()
     _scale_gemm_output_kernel[(triton.cdiv(numel, EPILOGUE_BLOCK),)](
-        out, result, decode.reshape(1), numel, BLOCK=EPILOGUE_BLOCK, WIDEN_FROM_BF16=widen,
+        out, result, decode.reshape(1), (decode if decode_b is None else decode_b).reshape(1), numel,
+        BLOCK=EPILOGUE_BLOCK, WIDEN_FROM_BF16=widen, TWO_DECODES=decode_b is not None,
         num_warps=EPILOGUE_WARPS, enable_fp_fusion=False,
     )
     return result

@@ -181,17 +181,17 @@ def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
     if compute_dtype == torch.float32 or a.values.dtype == torch.float32 or b.values.dtype == torch.float32:
         return (a.dequantized_fp32() @ b.dequantized_fp32().t()).to(compute_dtype).to(result_dtype)
     out = _matmul_fp32_accumulate(a.values, b.values.t())
-    decode = None
-    for scale in (a.decode, b.decode):
-        if scale is not None:
-            decode = scale if decode is None else decode * scale
-    if decode is None:
+    decodes = [scale for scale in (a.decode, b.decode) if scale is not None]
+    if not decodes:
         return out.to(compute_dtype).to(result_dtype)
     if _use_epilogue_kernel(out, compute_dtype, result_dtype):
         from models.quant import kernels
 
-        # One vectorized pass; the FP32 Wgrad is written in place over the fp32 GEMM output.
-        return kernels.scale_gemm_output(out, decode, compute_dtype, widen_to=result_dtype)
+        # One vectorized pass, the two decode scales multiplied inside it; the FP32 Wgrad is
+        # written in place over the fp32 GEMM output.
+        return kernels.scale_gemm_output(out, decodes[0], compute_dtype, widen_to=result_dtype,
+                                         decode_b=decodes[1] if len(decodes) == 2 else None)
+    decode = decodes[0] if len(decodes) == 1 else decodes[0] * decodes[1]
     # (out * S_dec) rounded once to the compute dtype, in one pass over the fp32 GEMM output:
     # TensorIterator multiplies in fp32 and casts on the write, bit for bit (out * decode).to(dtype).
     scaled = torch.mul(out, decode, out=torch.empty(out.shape, dtype=compute_dtype, device=out.device))

@@ -164,6 +164,12 @@ def check_gemm_output_epilogue() -> None:
         same_bits(got, expected, f"epilogue to {dtype}")
         zeros = expected.float() == 0
         assert torch.equal(torch.signbit(got.float()[zeros]), torch.signbit(expected.float()[zeros])), dtype
+    # The two operands' decode scales multiplied inside the kernel: (out * (a * b)), not (out * a) * b.
+    decode_a, decode_b = torch.rand(()) * 3.0, torch.rand(()) / 7.0
+    for dtype in (torch.bfloat16, torch.float32):
+        expected = torch.mul(out, decode_a * decode_b, out=torch.empty(out.shape, dtype=dtype))
+        same_bits(kernels.scale_gemm_output(out.clone(), decode_a, dtype, decode_b=decode_b), expected,
+                  f"epilogue with two decode scales to {dtype}")
     buffer = out.clone()
     widened = kernels.scale_gemm_output(buffer, decode, torch.bfloat16, widen_to=torch.float32)
     assert widened.dtype == torch.float32 and widened.data_ptr() == buffer.data_ptr()
