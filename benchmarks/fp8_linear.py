@@ -18,6 +18,7 @@ Weights are bf16 unless ``--weight-dtype float32`` (the trainer's fp32 master we
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -76,6 +77,9 @@ class LinearBenchmark:
     iters: int = 30
     weight_dtype: str = "bfloat16"
     quant_warps: List[int] = field(default_factory=lambda: [4, 8, 16])
+    quant_two_pass: List[tuple] = field(default_factory=lambda: [(32, 32), (64, 64)])
+    """Tile shapes (rows-pass tile rows, columns-pass tile cols) of the two-pass X / dY quantization timed
+    beside the one-read kernel (fp8_kernels.TWO_PASS)."""
     skip_te: bool = False
     skip_emulated: bool = False
     skip_reference_quantizer: bool = False
@@ -121,8 +125,15 @@ def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, 
     time_layer("FP8 blockwise, torch backend (fused quant)", fp8_block, autocast)
     if not settings.skip_reference_quantizer:
         time_layer("FP8 blockwise, torch backend (torch-ops quant)", fp8_block, autocast, triton_on=False)
-    time_layer("FP8 per-tensor, torch backend", TorchFp8Linear.from_linear(base, fp8_tensor_linear_spec(), name=shape),
-               autocast)
+    fp8_tensor = TorchFp8Linear.from_linear(base, fp8_tensor_linear_spec(), name=shape)
+    time_layer("FP8 per-tensor, torch backend", fp8_tensor, autocast)
+    for two_pass in settings.quant_two_pass:  # X and dY quantized in two passes (fp8_kernels.TWO_PASS)
+        default, fp8_kernels.TWO_PASS = fp8_kernels.TWO_PASS, two_pass
+        try:
+            time_layer(f"FP8 blockwise, two passes {two_pass[0]}/{two_pass[1]}", fp8_block, autocast)
+            time_layer(f"FP8 per-tensor, two passes {two_pass[0]}/{two_pass[1]}", fp8_tensor, autocast)
+        finally:
+            fp8_kernels.TWO_PASS = default
     if not settings.skip_emulated:
         time_layer("FP8 blockwise, emulated (QuantLinear)", QuantLinear.from_linear(base, fp8_block_linear_spec(), name=shape),
                    autocast)
@@ -176,6 +187,15 @@ def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, 
                          "ms": ms, "gb_per_s": gbps})
             print(f"  quantize {label:<32} {warps:2d} warps {ms:8.3f} ms  {gbps:7.0f} GB/s", flush=True)
             best = ms if best is None else min(best, ms)
+        for two_pass, warps in itertools.product(settings.quant_two_pass if not two_d else [], settings.quant_warps):
+            ms = cuda_median_ms(lambda: fp8_kernels.fp8_block_quantize(tensor, tile_2d=False, rows=True, columns=True,
+                                                                        num_warps=warps, two_pass=two_pass),
+                                settings.warmup, settings.iters)
+            gbps = quant_bytes(tensor, 2) / ms / 1e6  # the bytes the result needs, not the two reads
+            case = f"{label}, two passes {two_pass[0]}/{two_pass[1]}, {warps} warps"
+            rows.append({"shape": shape, "tokens": tokens, "kind": "quantize", "case": case, "ms": ms, "gb_per_s": gbps})
+            print(f"  quantize {case:<52} {ms:8.3f} ms  {gbps:7.0f} GB/s", flush=True)
+            best = min(best, ms)
         quantize_best_total += best
 
     # Where the fused layer's time goes: GEMMs + quantization kernels vs the whole layer.

@@ -103,12 +103,15 @@ if triton is not None:
         value_for_inf, tensor_amax_ptr, tensor_decode_ptr,
         TILE_2D: tl.constexpr, TENSOR_SCALE: tl.constexpr, WRITE_ROWS: tl.constexpr, WRITE_COLUMNS: tl.constexpr,
         ROWS_POWER_OF_TWO: tl.constexpr, COLUMNS_POWER_OF_TWO: tl.constexpr,
-        MASK_ROWS: tl.constexpr, BLOCK: tl.constexpr,
+        MASK_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         tile_row = tl.program_id(0)
         tile_col = tl.program_id(1)
-        row_index = tile_row * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
-        col_index = tile_col * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+        # The tile is [BLOCK_R, BLOCK_C]: 128 x 128 for 2D tiles and for both 1D orientations at once;
+        # a rows-only 1D pass needs BLOCK_C == 128 (its blocks run along the columns), a columns-only
+        # pass BLOCK_R == 128; per tensor, any shape.
+        row_index = tile_row * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+        col_index = tile_col * BLOCK_C + tl.arange(0, BLOCK_C)  # [BLOCK_C]
         row_64 = row_index.to(tl.int64)
         col_64 = col_index.to(tl.int64)
         x_offsets = row_64[:, None] * stride_x_row + col_64[None, :] * stride_x_col
@@ -159,9 +162,38 @@ if triton is not None:
                     tl.store(row_scales_ptr + scale_offsets, decode)
             if WRITE_COLUMNS:
                 scale, decode = _scale_and_decode(tl.max(magnitude, axis=0), value_for_inf, COLUMNS_POWER_OF_TWO)
-                codes = _e4m3_code(x * scale[None, :])  # [BLOCK rows, BLOCK cols], blocks along rows
+                codes = _e4m3_code(x * scale[None, :])  # [BLOCK_R, BLOCK_C], blocks along rows
                 tl.store(col_codes_ptr + col_offsets, tl.trans(codes))
                 tl.store(col_scales_ptr + col_64 * col_scale_stride_col + tile_row * col_scale_stride_block, decode)
+
+
+TWO_PASS: Optional[Tuple[int, int]] = None
+"""None: both 1D orientations (or both per-tensor ones) from one read, a 128x128 tile per program.
+(rows_tile_rows, columns_tile_cols): two launches instead, a rows-only pass over [rows_tile_rows,
+128] tiles and a columns-only pass over [128, columns_tile_cols] tiles: x is read twice, but each
+program holds a quarter of the values (the one-read kernel holds 64 fp32 values per thread at 8
+warps). Same codes and scales either way; scripts/bench_fp8_linear.py times both."""
+
+
+def _launch(x, row_args, col_args, scalars, *, rows: bool, columns: bool, tile_2d: bool, tensor_scale: bool,
+            rows_power_of_two: bool, columns_power_of_two: bool, num_warps: Optional[int],
+            two_pass: Optional[Tuple[int, int]]) -> None:
+    """Launch the kernel over x's tiles: once, or (two_pass, 1D or per tensor, both orientations asked)
+    a rows-only and a columns-only pass with the tile shapes of ``TWO_PASS``."""
+    two_pass = two_pass if two_pass is not None else TWO_PASS
+    num_rows, num_cols = x.shape
+    if two_pass is not None and rows and columns and not tile_2d:
+        passes = ((True, False, two_pass[0], BLOCK), (False, True, BLOCK, two_pass[1]))
+    else:
+        passes = ((rows, columns, BLOCK, BLOCK),)
+    for write_rows, write_columns, block_r, block_c in passes:
+        _fp8_block_quantize_kernel[(triton.cdiv(num_rows, block_r), num_cols // block_c)](
+            x, x.stride(0), x.stride(1), num_rows, num_cols, *row_args, *col_args, *scalars,
+            TILE_2D=tile_2d, TENSOR_SCALE=tensor_scale, WRITE_ROWS=write_rows, WRITE_COLUMNS=write_columns,
+            ROWS_POWER_OF_TWO=rows_power_of_two, COLUMNS_POWER_OF_TWO=columns_power_of_two,
+            MASK_ROWS=num_rows % block_r != 0, BLOCK_R=block_r, BLOCK_C=block_c,
+            num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
+        )
 
 
 def _check_input(x: torch.Tensor, rows: bool, columns: bool, function: str, name: Optional[str]) -> str:
@@ -203,6 +235,7 @@ def fp8_block_quantize(
     columns_power_of_two: bool = True,
     num_warps: Optional[int] = None,
     name: Optional[str] = None,
+    two_pass: Optional[Tuple[int, int]] = None,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Quantize x [R, C] (CUDA, bf16/fp16/fp32, any strides) to blockwise E4M3 in one pass.
 
@@ -210,7 +243,8 @@ def fp8_block_quantize(
     along R. ``tile_2d=True``: 128x128 tiles, ``rows`` for x and ``columns`` for x^T.
     Returns (row_codes [R, C], row_scales, column_codes [C, R], column_scales), None where not
     asked, scales in the GEMM layouts of the module docstring. C must divide by 128; R too, except
-    for the rows-only 1D mode (tail rows are masked, nothing is padded).
+    for the rows-only 1D mode (tail rows are masked, nothing is padded). ``two_pass`` (default
+    ``TWO_PASS``): see ``_launch``.
     """
     where = _check_input(x, rows, columns, "fp8_block_quantize", name)
     num_rows, num_cols = x.shape
@@ -243,21 +277,13 @@ def fp8_block_quantize(
             # storage [R/128, C]: column c, block i at i * C + c
             col_strides = (1, num_cols)
     # Unused pointers get a real tensor (never written: the constexpr branch is compiled out).
-    dummy_codes = row_codes if row_codes is not None else col_codes
+    dummy_codes = (row_codes if row_codes is not None else col_codes).view(torch.uint8)
     dummy_scales = row_scales if row_scales is not None else col_scales
-    grid = (triton.cdiv(num_rows, BLOCK), num_cols // BLOCK)
-    _fp8_block_quantize_kernel[grid](
-        x, x.stride(0), x.stride(1), num_rows, num_cols,
-        (row_codes if rows else dummy_codes).view(torch.uint8), row_scales if rows else dummy_scales,
-        *(row_strides if rows else (0, 0)),
-        (col_codes if columns else dummy_codes).view(torch.uint8), col_scales if columns else dummy_scales,
-        *(col_strides if columns else (0, 0)),
-        _value_for_inf(x.dtype), dummy_scales, dummy_scales,
-        TILE_2D=tile_2d, TENSOR_SCALE=False, WRITE_ROWS=rows, WRITE_COLUMNS=columns,
-        ROWS_POWER_OF_TWO=rows_power_of_two, COLUMNS_POWER_OF_TWO=columns_power_of_two,
-        MASK_ROWS=mask_rows, BLOCK=BLOCK,
-        num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
-    )
+    row_args = (row_codes.view(torch.uint8), row_scales, *row_strides) if rows else (dummy_codes, dummy_scales, 0, 0)
+    col_args = (col_codes.view(torch.uint8), col_scales, *col_strides) if columns else (dummy_codes, dummy_scales, 0, 0)
+    _launch(x, row_args, col_args, (_value_for_inf(x.dtype), dummy_scales, dummy_scales), rows=rows, columns=columns,
+            tile_2d=tile_2d, tensor_scale=False, rows_power_of_two=rows_power_of_two,
+            columns_power_of_two=columns_power_of_two, num_warps=num_warps, two_pass=two_pass)
     return row_codes, row_scales, col_codes, col_scales
 
 
@@ -266,13 +292,15 @@ FLT_MAX = float(torch.finfo(torch.float32).max)
 
 def fp8_tensor_quantize(
     x: torch.Tensor, *, rows: bool, columns: bool, num_warps: Optional[int] = None, name: Optional[str] = None,
+    two_pass: Optional[Tuple[int, int]] = None,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor]:
     """Quantize x [R, C] to per-tensor E4M3 (fp8_tensor): codes of x and/or x^T, and the decode scale.
 
     Two launches: torch's max-abs reduction for the amax, then one read of x that writes
     ``rows`` (codes [R, C]) and/or ``columns`` (x^T's codes [C, R], contiguous, as the GEMM takes
     them). Returns (row_codes, column_codes, decode scale 0-dim fp32), None where not asked.
-    C must divide by 128; R too when ``columns`` (see ``supports_tensor_shape``).
+    C must divide by 128; R too when ``columns`` (see ``supports_tensor_shape``). ``two_pass``: see
+    ``_launch``.
     """
     where = _check_input(x, rows, columns, "fp8_tensor_quantize", name)
     if not supports_tensor_shape(x.shape, columns):
@@ -286,17 +314,10 @@ def fp8_tensor_quantize(
     row_codes = torch.empty(num_rows, num_cols, dtype=torch.float8_e4m3fn, device=device) if rows else None
     col_codes = torch.empty(num_cols, num_rows, dtype=torch.float8_e4m3fn, device=device) if columns else None
     dummy_codes = (row_codes if rows else col_codes).view(torch.uint8)
-    grid = (triton.cdiv(num_rows, BLOCK), num_cols // BLOCK)
-    _fp8_block_quantize_kernel[grid](
-        x, x.stride(0), x.stride(1), num_rows, num_cols,
-        row_codes.view(torch.uint8) if rows else dummy_codes, decode, 0, 0,
-        col_codes.view(torch.uint8) if columns else dummy_codes, decode, 0, 0,
-        FLT_MAX, amax, decode,
-        TILE_2D=False, TENSOR_SCALE=True, WRITE_ROWS=rows, WRITE_COLUMNS=columns,
-        ROWS_POWER_OF_TWO=False, COLUMNS_POWER_OF_TWO=False,
-        MASK_ROWS=num_rows % BLOCK != 0, BLOCK=BLOCK,
-        num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
-    )
+    _launch(x, (row_codes.view(torch.uint8) if rows else dummy_codes, decode, 0, 0),
+            (col_codes.view(torch.uint8) if columns else dummy_codes, decode, 0, 0), (FLT_MAX, amax, decode),
+            rows=rows, columns=columns, tile_2d=False, tensor_scale=True, rows_power_of_two=False,
+            columns_power_of_two=False, num_warps=num_warps, two_pass=two_pass)
     return row_codes, col_codes, decode.reshape(())
 
 

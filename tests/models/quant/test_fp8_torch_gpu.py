@@ -156,6 +156,25 @@ def test_per_tensor_kernel_bit_identical_to_reference(shape, dtype, case):
         _assert_operands_identical(columns, quantize_reference(x, "tensor", transpose=True), "columns")
 
 
+@pytest.mark.parametrize("shape", [(256, 640), (8192, 5120)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("two_pass", [(32, 32), (64, 16)])
+def test_two_pass_quantization_bit_identical_to_reference(shape, dtype, two_pass):
+    """fp8_kernels.TWO_PASS: a rows-only and a columns-only pass give the one-read kernel's codes and scales."""
+    x = _fresh(*shape, dtype)
+    _poison_allocator(4 * x.numel())
+    for kind, tile_2d in (("1x128", False), ("128x128", True)):  # 2D tiles ignore two_pass: one read
+        row_codes, row_scales, col_codes, col_scales = fp8_kernels.fp8_block_quantize(
+            x, tile_2d=tile_2d, rows=True, columns=True, two_pass=two_pass)
+        _assert_operands_identical(Fp8Operand(row_codes, row_scales, kind), quantize_reference(x, kind), kind)
+        _assert_operands_identical(Fp8Operand(col_codes, col_scales, kind),
+                                   quantize_reference(x, kind, transpose=True), kind)
+    row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(x, rows=True, columns=True, two_pass=two_pass)
+    _assert_operands_identical(Fp8Operand(row_codes, decode, "tensor"), quantize_reference(x, "tensor"), "tensor")
+    _assert_operands_identical(Fp8Operand(col_codes, decode, "tensor"), quantize_reference(x, "tensor", transpose=True),
+                               "tensor")
+
+
 @pytest.mark.parametrize("layout", ["ragged rows", "strided", "transposed view", "float16"])
 def test_fused_quantizer_inputs_of_every_layout(layout):
     if layout == "ragged rows":  # rows-only, 200 tokens: the tail tile is masked, nothing padded
