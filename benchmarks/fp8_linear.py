@@ -77,12 +77,17 @@ class LinearBenchmark:
     iters: int = 30
     weight_dtype: str = "bfloat16"
     quant_warps: List[int] = field(default_factory=lambda: [4, 8, 16])
-    quant_two_pass: List[tuple] = field(default_factory=lambda: [(32, 32), (64, 64)])
+    quant_two_pass: List[tuple] = field(default_factory=lambda: [(), (32, 32), (64, 64)])
     """Tile shapes (rows-pass tile rows, columns-pass tile cols) of the two-pass X / dY quantization timed
-    beside the one-read kernel (fp8_kernels.TWO_PASS)."""
+    beside the module's default (fp8_kernels.TWO_PASS); () is the one-read kernel."""
     skip_te: bool = False
     skip_emulated: bool = False
     skip_reference_quantizer: bool = False
+
+
+def _layout(two_pass: tuple) -> str:
+    """How X and dY are read: 'one read' for (), else 'two passes r/c' (fp8_kernels.TWO_PASS)."""
+    return f"two passes {two_pass[0]}/{two_pass[1]}" if two_pass else "one read"
 
 
 def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, notes: List[str]) -> List[dict]:
@@ -130,8 +135,8 @@ def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, 
     for two_pass in settings.quant_two_pass:  # X and dY quantized in two passes (fp8_kernels.TWO_PASS)
         default, fp8_kernels.TWO_PASS = fp8_kernels.TWO_PASS, two_pass
         try:
-            time_layer(f"FP8 blockwise, two passes {two_pass[0]}/{two_pass[1]}", fp8_block, autocast)
-            time_layer(f"FP8 per-tensor, two passes {two_pass[0]}/{two_pass[1]}", fp8_tensor, autocast)
+            time_layer(f"FP8 blockwise, {_layout(two_pass)}", fp8_block, autocast)
+            time_layer(f"FP8 per-tensor, {_layout(two_pass)}", fp8_tensor, autocast)
         finally:
             fp8_kernels.TWO_PASS = default
     if not settings.skip_emulated:
@@ -181,18 +186,20 @@ def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, 
         best = None
         for warps in settings.quant_warps:
             ms = cuda_median_ms(lambda: fp8_kernels.fp8_block_quantize(tensor, tile_2d=two_d, rows=True, columns=True,
-                                                                        num_warps=warps), settings.warmup, settings.iters)
+                                                                        num_warps=warps, two_pass=()),
+                                settings.warmup, settings.iters)
             gbps = quant_bytes(tensor, 2) / ms / 1e6
-            rows.append({"shape": shape, "tokens": tokens, "kind": "quantize", "case": f"{label}, {warps} warps",
+            rows.append({"shape": shape, "tokens": tokens, "kind": "quantize", "case": f"{label}, one read, {warps} warps",
                          "ms": ms, "gb_per_s": gbps})
             print(f"  quantize {label:<32} {warps:2d} warps {ms:8.3f} ms  {gbps:7.0f} GB/s", flush=True)
             best = ms if best is None else min(best, ms)
-        for two_pass, warps in itertools.product(settings.quant_two_pass if not two_d else [], settings.quant_warps):
+        two_passes = [two_pass for two_pass in settings.quant_two_pass if two_pass] if not two_d else []
+        for two_pass, warps in itertools.product(two_passes, settings.quant_warps):
             ms = cuda_median_ms(lambda: fp8_kernels.fp8_block_quantize(tensor, tile_2d=False, rows=True, columns=True,
                                                                         num_warps=warps, two_pass=two_pass),
                                 settings.warmup, settings.iters)
             gbps = quant_bytes(tensor, 2) / ms / 1e6  # the bytes the result needs, not the two reads
-            case = f"{label}, two passes {two_pass[0]}/{two_pass[1]}, {warps} warps"
+            case = f"{label}, {_layout(two_pass)}, {warps} warps"
             rows.append({"shape": shape, "tokens": tokens, "kind": "quantize", "case": case, "ms": ms, "gb_per_s": gbps})
             print(f"  quantize {case:<52} {ms:8.3f} ms  {gbps:7.0f} GB/s", flush=True)
             best = min(best, ms)

@@ -403,7 +403,7 @@ def _round_e2m1_magnitude_(
         return units.round_().mul_(step)
     lower = units.floor()
     fraction = units.sub_(lower)  # exact: lower <= units < 2 * lower, or lower = 0
-    rounds_up = torch.lt(uniform, fraction, out=fraction)  # 1.0 iff u < frac (float: no bool copy)
+    rounds_up = uniform < fraction  # adds 1 where u < frac (not out=: torch.compile cannot trace that)
     return lower.add_(rounds_up).mul_(step)
 
 

@@ -64,7 +64,7 @@ from models.quant import formats, fp8_kernels
 from models.quant.fp8_kernels import BLOCK, round_up
 from models.quant.format_registry import GEMMS
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, fp8_block_linear_spec
-from models.quant.quantized_linear import QuantizedLinear, high_precision_gemm
+from models.quant.quantized_linear import QuantizedLinear, autocast_off, high_precision_gemm
 
 KINDS = ("1x128", "128x128", "tensor")
 # (A kind, B kind) pairs a native GEMM takes: cuBLASLt's blockwise combinations, and per tensor.
@@ -299,7 +299,7 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
         needs_wgrad = grad_enabled and ctx.needs_input_grad[1]
         dgrad = spec.dgrad if needs_dgrad else None
         wgrad = spec.wgrad if needs_wgrad else None
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             # X [T, K]: rowwise for Fprop, X^T [K, T] along tokens for Wgrad, one pass.
             x_op, x_t_op = quantize_operands(x2, spec.fprop.a if spec.fprop else None, wgrad.b if wgrad else None,
                                              name=f"{name} (X)")
@@ -332,7 +332,7 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
         w_t_kind, x_t_kind = ctx.kinds
         dy = grad_output.reshape(-1, grad_output.shape[-1])  # [T, N]
         grad_x = grad_weight = None
-        with torch.autocast(dy.device.type, enabled=False):
+        with autocast_off(dy.device.type):
             dgrad = spec.dgrad if needs_dgrad else None
             wgrad = spec.wgrad if needs_wgrad else None
             # dY [T, N]: rowwise for Dgrad, dY^T [N, T] along tokens for Wgrad, one pass.

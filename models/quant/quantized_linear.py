@@ -24,6 +24,7 @@ recompiling once per layer (torch._dynamo's recompile limit would otherwise send
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Iterable, Optional
 
@@ -38,6 +39,23 @@ from models.quant.gemm_spec import LinearSpec, check_linear_shapes
 def high_precision_gemm(a: torch.Tensor, b: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
     """a [M, R] times b [N, R]^T in the compute dtype, as nn.Linear (under autocast) computes it."""
     return a.to(compute_dtype) @ b.to(compute_dtype).t()
+
+
+def autocast_off(device_type: str):
+    """A context with autocast off for ``device_type``: ``torch.autocast(enabled=False)`` only where
+    autocast is on, else a no-op.
+
+    The quantized GEMMs choose their dtypes themselves (fp32 dequantization, bf16 products), which
+    autocast would recast. Entering the context only when needed matters under torch.compile:
+    Dynamo traces an autograd.Function's backward while tracing its forward, and an autocast
+    context inside that backward around code that branches on the gradient's strides leaves
+    autocast switched off for the rest of the compiled graph (torch 2.13: the layers after the first
+    quantized one then ran in fp32). ``QuantizedLinear.forward`` therefore switches autocast off
+    around the autograd function, so its forward and backward are traced with no context at all.
+    """
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def mix_seed(seed: int, layer: int, step: int, rank: int) -> int:
@@ -144,7 +162,9 @@ class QuantizedLinear(nn.Linear):
         if not self.spec.quantized:
             return F.linear(x, self.weight, self.bias)
         self.check_input(x)
-        out = self.quantized_matmul(x, self.compute_dtype(x))
+        compute_dtype = self.compute_dtype(x)
+        with autocast_off(x.device.type):  # see autocast_off: also what keeps torch.compile's trace right
+            out = self.quantized_matmul(x, compute_dtype)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out

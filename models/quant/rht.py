@@ -58,8 +58,9 @@ def _walsh_hadamard_16_(v: torch.Tensor) -> torch.Tensor:
         pairs = source.unflatten(-1, (HADAMARD_SIZE // (2 * stride), 2, stride))
         out_pairs = target.unflatten(-1, (HADAMARD_SIZE // (2 * stride), 2, stride))
         first, second = pairs[..., 0, :], pairs[..., 1, :]
-        torch.add(first, second, out=out_pairs[..., 0, :])
-        torch.sub(first, second, out=out_pairs[..., 1, :])
+        # copy_ into the views, not out=: torch.compile cannot trace an op writing a strided out= view
+        out_pairs[..., 0, :].copy_(first + second)
+        out_pairs[..., 1, :].copy_(first - second)
     return v
 
 
