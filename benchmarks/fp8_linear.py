@@ -191,7 +191,7 @@ def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, 
             gbps = quant_bytes(tensor, 2) / ms / 1e6
             rows.append({"shape": shape, "tokens": tokens, "kind": "quantize", "case": f"{label}, one read, {warps} warps",
                          "ms": ms, "gb_per_s": gbps})
-            print(f"  quantize {label:<32} {warps:2d} warps {ms:8.3f} ms  {gbps:7.0f} GB/s", flush=True)
+            print(f"  quantize {label + ', one read':<42} {warps:2d} warps {ms:8.3f} ms  {gbps:7.0f} GB/s", flush=True)
             best = ms if best is None else min(best, ms)
         two_passes = [two_pass for two_pass in settings.quant_two_pass if two_pass] if not two_d else []
         for two_pass, warps in itertools.product(two_passes, settings.quant_warps):
@@ -210,7 +210,8 @@ def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, 
     if layer is not None:
         parts = fp8_total + quantize_best_total
         notes.append(f"{shape}: FP8 blockwise layer {layer:.3f} ms = GEMMs {fp8_total:.3f} + quantization kernels "
-                     f"{quantize_best_total:.3f} (best warps; the layer uses {fp8_kernels.NUM_WARPS}) + "
+                     f"{quantize_best_total:.3f} (best of the layouts and warps timed; the layer uses "
+                     f"{_layout(fp8_kernels.TWO_PASS)} at {fp8_kernels.NUM_WARPS} warps) + "
                      f"the rest {layer - parts:.3f} (scale padding, autograd, launches)")
     return rows
 

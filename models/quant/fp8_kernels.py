@@ -1,4 +1,4 @@
-"""Triton kernel for blockwise FP8 (E4M3) quantization: one read of a tensor, both orientations out.
+"""Triton kernel for blockwise FP8 (E4M3) quantization: both orientations of a tensor, in one or two reads.
 
 What it computes is exactly ``models.quant.formats.quantize(..., "fp8_block")`` (TE
 ``Float8BlockScaling``, ``recipe_common.cuh: compute_scale_from_amax`` with epsilon 0), in fp32:
@@ -10,12 +10,15 @@ What it computes is exactly ``models.quant.formats.quantize(..., "fp8_block")`` 
     decode  = 1 / scale;   decode = NaN if amax is not finite
     code    = e4m3(clamp(x * scale, -448, 448))           round half to even
 
-Tiles of 128x128 elements, one program each, grid (ceil(rows / 128), cols / 128). Per tile:
+Tiles of 128x128 elements, one program each, grid (ceil(rows / 128), cols / 128), when both
+orientations come from one read (``TWO_PASS = ()``). By default (``TWO_PASS``) the 1D and
+per-tensor modes asked for both orientations run two launches instead: a rows-only pass over
+[64, 128] tiles and a columns-only pass over [128, 64] tiles. Per tile:
 - 1D mode (activations, gradients): the 1x128 blocks along each row (the "rows" output: the
   operand ``x`` itself, [rows, cols], blocks along cols) and the 128x1 blocks along each column
   (the "columns" output: the operand ``x^T``, written transposed as [cols, rows], blocks along rows).
-  One read of x feeds both, as TE's cast-transpose kernels do for X (Fprop and Wgrad) and dY
-  (Dgrad and Wgrad).
+  In one read of x both are written, as TE's cast-transpose kernels do for X (Fprop and Wgrad)
+  and dY (Dgrad and Wgrad); in two passes each pass writes one.
 - 2D mode (weights): one scale for the whole 128x128 tile; "rows" is W [rows, cols] and "columns"
   is W^T [cols, rows] with the same codes transposed, which is exactly quantize(W^T) (a square tile
   is the same tile of the transpose).
@@ -60,7 +63,7 @@ from models.quant.triton_common import INSTALL_HINT, INTERPRETING, enabled, tl, 
 BLOCK = 128
 KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 NUM_WARPS = 8
-"""Warps per 128x128 tile program (scripts/bench_fp8_linear.py times 4, 8 and 16)."""
+"""Warps per program, of either tile shape (scripts/bench_fp8_linear.py times 4, 8 and 16)."""
 
 
 def supports(x: torch.Tensor) -> bool:
@@ -168,12 +171,12 @@ if triton is not None:
 
 
 TWO_PASS: Tuple[int, ...] = (64, 64)
-"""How X and dY (1D blockwise or per tensor, both orientations) are read: (rows_tile_rows,
-columns_tile_cols) for two launches, a rows-only pass over [rows_tile_rows, 128] tiles and a
-columns-only pass over [128, columns_tile_cols] tiles; () for one read that writes both
-orientations from a 128x128 tile per program. Same codes and scales either way. Two passes read x
-twice, but each program holds a quarter of the values (the one-read kernel holds 64 fp32 values per
-thread at 8 warps). On the H200 (2026-12-03, scripts/bench_fp8_linear.py, 5120->20480 at 8192
+"""How an operand quantized in both orientations, 1D blockwise (X, dY) or per tensor (X, W, dY),
+is read: (rows_tile_rows, columns_tile_cols) for two launches, a rows-only pass over
+[rows_tile_rows, 128] tiles and a columns-only pass over [128, columns_tile_cols] tiles (each a
+power of two from 16 to 128); () for one read that writes both orientations from a 128x128 tile
+per program. Same codes and scales either way. Two passes read x twice, but with (64, 64) each
+program holds half the values (the one-read kernel holds 64 fp32 values per thread at 8 warps). On the H200 (2026-12-03, scripts/bench_fp8_linear.py, 5120->20480 at 8192
 tokens) the FP8 blockwise layer took 5.45 ms with (64, 64) against 5.64 ms with one read; per
 tensor 4.79 against 4.76 ms (within noise)."""
 
@@ -183,7 +186,10 @@ def _launch(x, row_args, col_args, scalars, *, rows: bool, columns: bool, tile_2
             two_pass: Optional[Tuple[int, ...]]) -> None:
     """Launch the kernel over x's tiles: once, or (two_pass, 1D or per tensor, both orientations asked)
     a rows-only and a columns-only pass with the tile shapes of ``two_pass`` (None: ``TWO_PASS``; (): one read)."""
-    two_pass = two_pass if two_pass is not None else TWO_PASS
+    two_pass = tuple(two_pass if two_pass is not None else TWO_PASS)
+    if two_pass and (len(two_pass) != 2 or any(size not in (16, 32, 64, 128) for size in two_pass)):
+        raise ValueError(f"two_pass takes () or (rows_tile_rows, columns_tile_cols), each 16, 32, 64 or 128; "
+                         f"got {two_pass}")
     num_rows, num_cols = x.shape
     if two_pass and rows and columns and not tile_2d:
         passes = ((True, False, two_pass[0], BLOCK), (False, True, BLOCK, two_pass[1]))
@@ -240,7 +246,7 @@ def fp8_block_quantize(
     name: Optional[str] = None,
     two_pass: Optional[Tuple[int, ...]] = None,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """Quantize x [R, C] (CUDA, bf16/fp16/fp32, any strides) to blockwise E4M3 in one pass.
+    """Quantize x [R, C] (CUDA, bf16/fp16/fp32, any strides) to blockwise E4M3 (one or two reads of x).
 
     ``tile_2d=False``: ``rows`` gives x's 1x128 blocks along C, ``columns`` x^T's 1x128 blocks
     along R. ``tile_2d=True``: 128x128 tiles, ``rows`` for x and ``columns`` for x^T.
@@ -299,9 +305,9 @@ def fp8_tensor_quantize(
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor]:
     """Quantize x [R, C] to per-tensor E4M3 (fp8_tensor): codes of x and/or x^T, and the decode scale.
 
-    Two launches: torch's max-abs reduction for the amax, then one read of x that writes
-    ``rows`` (codes [R, C]) and/or ``columns`` (x^T's codes [C, R], contiguous, as the GEMM takes
-    them). Returns (row_codes, column_codes, decode scale 0-dim fp32), None where not asked.
+    Torch's max-abs reduction for the amax, then the kernel writes ``rows`` (codes [R, C]) and/or
+    ``columns`` (x^T's codes [C, R], contiguous, as the GEMM takes them): from one read of x, or,
+    with both asked and ``TWO_PASS`` set, in a rows pass and a columns pass. Returns (row_codes, column_codes, decode scale 0-dim fp32), None where not asked.
     C must divide by 128; R too when ``columns`` (see ``supports_tensor_shape``). ``two_pass``: see
     ``_launch``.
     """

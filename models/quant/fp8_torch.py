@@ -64,7 +64,7 @@ from models.quant import formats, fp8_kernels
 from models.quant.fp8_kernels import BLOCK, round_up
 from models.quant.format_registry import GEMMS
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, fp8_block_linear_spec
-from models.quant.quantized_linear import QuantizedLinear, autocast_off, high_precision_gemm
+from models.quant.quantized_linear import QuantizedLinear, high_precision_gemm
 
 KINDS = ("1x128", "128x128", "tensor")
 # (A kind, B kind) pairs a native GEMM takes: cuBLASLt's blockwise combinations, and per tensor.
@@ -230,10 +230,11 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
     """Quantize tensor [R, C] as the operand ``tensor`` (blocks along C, spec ``rows``) and/or
     ``tensor^T`` (blocks along R, spec ``columns``), each from the high-precision values.
 
-    Both 1x128 (X, dY) or both 128x128 (W, W^T): one fused Triton pass when it can run, else the
-    torch reference; per tensor: an amax, then one Triton pass for both orientations (dims that
-    divide by 128), else the torch reference with its codes transposed for the second orientation
-    (the same numbers as quantizing the transpose).
+    Both 1x128 (X, dY) or both 128x128 (W, W^T): the fused Triton kernel when it can run (one read
+    of the tensor, or for 1x128 two passes, ``fp8_kernels.TWO_PASS``), else the torch reference;
+    per tensor: an amax, then the same kernel for both orientations (dims that divide by 128), else
+    the torch reference with its codes transposed for the second orientation (the same numbers as
+    quantizing the transpose).
     """
     rows_kind = operand_kind(rows, f"{name}: ") if rows is not None else None
     columns_kind = operand_kind(columns, f"{name}: ") if columns is not None else None
@@ -299,8 +300,8 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
         needs_wgrad = grad_enabled and ctx.needs_input_grad[1]
         dgrad = spec.dgrad if needs_dgrad else None
         wgrad = spec.wgrad if needs_wgrad else None
-        with autocast_off(x.device.type):
-            # X [T, K]: rowwise for Fprop, X^T [K, T] along tokens for Wgrad, one pass.
+        with torch.autocast(x.device.type, enabled=False):
+            # X [T, K]: rowwise for Fprop, X^T [K, T] along tokens for Wgrad, one kernel call.
             x_op, x_t_op = quantize_operands(x2, spec.fprop.a if spec.fprop else None, wgrad.b if wgrad else None,
                                              name=f"{name} (X)")
             # W [N, K]: for Fprop, and W^T [K, N] for Dgrad (128x128: the same tiles), once per forward.
@@ -332,10 +333,10 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
         w_t_kind, x_t_kind = ctx.kinds
         dy = grad_output.reshape(-1, grad_output.shape[-1])  # [T, N]
         grad_x = grad_weight = None
-        with autocast_off(dy.device.type):
+        with torch.autocast(dy.device.type, enabled=False):
             dgrad = spec.dgrad if needs_dgrad else None
             wgrad = spec.wgrad if needs_wgrad else None
-            # dY [T, N]: rowwise for Dgrad, dY^T [N, T] along tokens for Wgrad, one pass.
+            # dY [T, N]: rowwise for Dgrad, dY^T [N, T] along tokens for Wgrad, one kernel call.
             dy_op, dy_t_op = quantize_operands(dy, dgrad.a if dgrad else None, wgrad.a if wgrad else None,
                                                name=f"{name} (dY)")
             if needs_dgrad:

@@ -57,7 +57,7 @@ from models.quant.gemm_spec import (  # noqa: F401 - re-exported: the specs' lon
     mxfp8_linear_spec,
     nvfp4_linear_spec,
 )
-from models.quant.quantized_linear import QuantizedLinear, autocast_off, high_precision_gemm
+from models.quant.quantized_linear import QuantizedLinear, high_precision_gemm
 from models.quant.rht import rht
 
 # ----------------------------------------------------------------------------------------------
@@ -165,9 +165,10 @@ every quantized linear (the H200 study-size step then spent 150 of 184 ms with t
 
 def _matmul_fp32_accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for bf16/fp16 inputs with an fp32 result (the products are exact; fp32 accumulation)."""
-    if a.is_cuda and MM_HAS_OUT_DTYPE:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return a.float() @ b.float()
+    with torch.autocast(a.device.type, enabled=False):  # see _gemm
+        if a.is_cuda and MM_HAS_OUT_DTYPE:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        return a.float() @ b.float()
 
 
 def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
@@ -176,7 +177,15 @@ def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
     (default: the compute dtype; Wgrad asks for the weight's dtype)."""
     result_dtype = result_dtype or compute_dtype
     if compute_dtype == torch.float32 or a.values.dtype == torch.float32 or b.values.dtype == torch.float32:
-        return (a.dequantized_fp32() @ b.dequantized_fp32().t()).to(compute_dtype).to(result_dtype)
+        # Autocast off around each GEMM: the GEMMs pick their dtypes themselves, which autocast
+        # would recast to bf16. The forward already runs with autocast off (quantized_linear.
+        # autocast_off), but torch.compile traces the backward under the forward's autocast. Not
+        # around the whole backward: the quantizers branch on the gradient's strides, and Dynamo
+        # then left autocast off for the rest of the block. tests/trainer/test_compile.py checks
+        # both (logits and gradients against eager).
+        with torch.autocast(a.values.device.type, enabled=False):
+            out = a.dequantized_fp32() @ b.dequantized_fp32().t()
+        return out.to(compute_dtype).to(result_dtype)
     out = _matmul_fp32_accumulate(a.values, b.values.t())
     decodes = [scale for scale in (a.decode, b.decode) if scale is not None]
     if not decodes:
@@ -211,21 +220,20 @@ class QuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, spec: LinearSpec, generator, compute_dtype):
         x2 = x.reshape(-1, x.shape[-1])
-        with autocast_off(x.device.type):
-            if spec.fprop is None:
-                out = high_precision_gemm(x2, weight, compute_dtype)
-                saved_weight = None
-            else:
-                x_op = _quantize_operand(
-                    x2, spec.fprop.a, transpose=False, compute_dtype=compute_dtype, generator=generator,
-                    name="Fprop X",
-                )
-                w_op = _quantize_operand(
-                    weight, spec.fprop.b, transpose=False, compute_dtype=compute_dtype, generator=generator,
-                    name="Fprop W",
-                )
-                out = _gemm(x_op, w_op, compute_dtype)
-                saved_weight = w_op if spec.reuses_forward_weight else None
+        if spec.fprop is None:
+            out = high_precision_gemm(x2, weight, compute_dtype)
+            saved_weight = None
+        else:
+            x_op = _quantize_operand(
+                x2, spec.fprop.a, transpose=False, compute_dtype=compute_dtype, generator=generator,
+                name="Fprop X",
+            )
+            w_op = _quantize_operand(
+                weight, spec.fprop.b, transpose=False, compute_dtype=compute_dtype, generator=generator,
+                name="Fprop W",
+            )
+            out = _gemm(x_op, w_op, compute_dtype)
+            saved_weight = w_op if spec.reuses_forward_weight else None
         ctx.spec, ctx.generator, ctx.compute_dtype = spec, generator, compute_dtype
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.has_saved_weight = saved_weight is not None
@@ -246,40 +254,39 @@ class QuantLinearFunction(torch.autograd.Function):
         generator = ctx.generator
         dy = grad_output.reshape(-1, grad_output.shape[-1])
         grad_x = grad_weight = None
-        with autocast_off(dy.device.type):
-            if ctx.needs_input_grad[0]:
-                if spec.dgrad is None:
-                    grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
+        if ctx.needs_input_grad[0]:
+            if spec.dgrad is None:
+                grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
+            else:
+                dy_op = _quantize_operand(
+                    dy, spec.dgrad.a, transpose=False, compute_dtype=compute_dtype, generator=generator,
+                    name="Dgrad dY",
+                )
+                if ctx.has_saved_weight:
+                    # The same quantized W as Fprop: [N, K] blocked 16x16, used as W^T [K, N].
+                    decode = extra[1] if ctx.saved_weight_has_decode else None
+                    w_t_op = _Operand(extra[0].t(), decode)
                 else:
-                    dy_op = _quantize_operand(
-                        dy, spec.dgrad.a, transpose=False, compute_dtype=compute_dtype, generator=generator,
-                        name="Dgrad dY",
+                    w_t_op = _quantize_operand(
+                        weight, spec.dgrad.b, transpose=True, compute_dtype=compute_dtype,
+                        generator=generator, name="Dgrad W^T",
                     )
-                    if ctx.has_saved_weight:
-                        # The same quantized W as Fprop: [N, K] blocked 16x16, used as W^T [K, N].
-                        decode = extra[1] if ctx.saved_weight_has_decode else None
-                        w_t_op = _Operand(extra[0].t(), decode)
-                    else:
-                        w_t_op = _quantize_operand(
-                            weight, spec.dgrad.b, transpose=True, compute_dtype=compute_dtype,
-                            generator=generator, name="Dgrad W^T",
-                        )
-                    grad_x = _gemm(dy_op, w_t_op, compute_dtype)
-                grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
-            if ctx.needs_input_grad[1]:
-                if spec.wgrad is None:
-                    grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
-                else:
-                    dy_t_op = _quantize_operand(
-                        dy, spec.wgrad.a, transpose=True, compute_dtype=compute_dtype, generator=generator,
-                        name="Wgrad dY^T",
-                    )
-                    x_t_op = _quantize_operand(
-                        x2, spec.wgrad.b, transpose=True, compute_dtype=compute_dtype, generator=generator,
-                        name="Wgrad X^T",
-                    )
-                    grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype, result_dtype=weight.dtype)
-                grad_weight = grad_weight.to(weight.dtype)
+                grad_x = _gemm(dy_op, w_t_op, compute_dtype)
+            grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            if spec.wgrad is None:
+                grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
+            else:
+                dy_t_op = _quantize_operand(
+                    dy, spec.wgrad.a, transpose=True, compute_dtype=compute_dtype, generator=generator,
+                    name="Wgrad dY^T",
+                )
+                x_t_op = _quantize_operand(
+                    x2, spec.wgrad.b, transpose=True, compute_dtype=compute_dtype, generator=generator,
+                    name="Wgrad X^T",
+                )
+                grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype, result_dtype=weight.dtype)
+            grad_weight = grad_weight.to(weight.dtype)
         return grad_x, grad_weight, None, None, None
 
 

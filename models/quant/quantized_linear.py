@@ -38,20 +38,19 @@ from models.quant.gemm_spec import LinearSpec, check_linear_shapes
 
 def high_precision_gemm(a: torch.Tensor, b: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
     """a [M, R] times b [N, R]^T in the compute dtype, as nn.Linear (under autocast) computes it."""
-    return a.to(compute_dtype) @ b.to(compute_dtype).t()
+    with torch.autocast(a.device.type, enabled=False):  # the dtype is chosen here (see linear._gemm)
+        return a.to(compute_dtype) @ b.to(compute_dtype).t()
 
 
 def autocast_off(device_type: str):
-    """A context with autocast off for ``device_type``: ``torch.autocast(enabled=False)`` only where
-    autocast is on, else a no-op.
+    """``torch.autocast(device_type, enabled=False)`` where autocast is on, else a no-op context.
 
-    The quantized GEMMs choose their dtypes themselves (fp32 dequantization, bf16 products), which
-    autocast would recast. Entering the context only when needed matters under torch.compile:
-    Dynamo traces an autograd.Function's backward while tracing its forward, and an autocast
-    context inside that backward around code that branches on the gradient's strides leaves
-    autocast switched off for the rest of the compiled graph (torch 2.13: the layers after the first
-    quantized one then ran in fp32). ``QuantizedLinear.forward`` therefore switches autocast off
-    around the autograd function, so its forward and backward are traced with no context at all.
+    ``QuantizedLinear.forward`` runs the backend's autograd function inside it: the quantizers and
+    GEMMs choose their dtypes themselves, and autocast would recast some of their ops (on CUDA,
+    ``linalg_vector_norm``, the amax, would first copy a bf16 operand to fp32). Only where needed,
+    so that torch.compile traces no autocast context when there is none. The backward runs under
+    the autocast of its caller (the trainer calls it outside autocast, but torch.compile traces it
+    under the forward's), so the emulation's GEMMs switch autocast off themselves (``linear._gemm``).
     """
     if torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type, enabled=False)
@@ -163,7 +162,7 @@ class QuantizedLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         self.check_input(x)
         compute_dtype = self.compute_dtype(x)
-        with autocast_off(x.device.type):  # see autocast_off: also what keeps torch.compile's trace right
+        with autocast_off(x.device.type):
             out = self.quantized_matmul(x, compute_dtype)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)

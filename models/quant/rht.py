@@ -47,7 +47,7 @@ def rht_matrix() -> torch.Tensor:
 def _walsh_hadamard_16_(v: torch.Tensor) -> torch.Tensor:
     """H16 applied along the last dim of v [..., 16] (fp32) by the fixed four-stage butterfly; overwrites v.
 
-    Each stage writes its sums and differences straight into the halves of the other of two
+    Each stage copies its sums and differences into the halves of the other of two
     buffers (v and one scratch of ``empty_like(v)``, so v's memory order is kept: a transposed
     operand is processed where it lies, never copied to row-major). After four stages the result
     is back in v, which is returned.

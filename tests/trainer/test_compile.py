@@ -70,34 +70,51 @@ def test_a_function_past_the_limit_is_reported():
     assert len(fallbacks) >= 1 and "scale" in fallbacks[0]
 
 
-def test_quantized_linears_compile_into_the_block_graphs():
+def _logits_and_gradients(model, tokens):
+    """Forward under bf16 autocast, the loss's backward outside it (as the trainer runs them)."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(tokens[:, :-1])
+    F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+    return logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("overrides", [
+    ["precision.gradient_stochastic_rounding=false"],  # RNE everywhere: compiled must equal eager bit for bit
+    ["precision.format=fp8_block", "precision.name=fp8_block", "precision.backend=emulated",
+     "precision.fp8_power_of_two_scales=false"],  # the emulation's fp32 GEMM path
+], ids=["nvfp4", "fp8_block-fp32-gemms"])
+def test_quantized_linears_compile_into_the_block_graphs(overrides):
     """No graph break around a quantized linear, and the compiled model computes what eager does.
 
     A break sends each quantized linear eager between compiled pieces (on the H200 the study-size
     NVFP4 step then left the GPU idle 150 of 184 ms). Two causes were found: a module global set on
     first use (torch.mm's out_dtype probe) and out= ops into strided views in the torch quantizer.
-    Without the breaks, an autocast context inside the autograd function's backward made Dynamo
-    leave autocast off after the first quantized layer (k/v projections in fp32): the logits
-    comparison catches that (and SDPA refuses mixed dtypes).
+    Without the breaks, two autocast mistakes show here ("aot_eager" traces the backward as the
+    trainer's Inductor does, without code generation):
+    - an autocast context around the autograd function's whole backward made Dynamo leave
+      autocast off after the first quantized layer (k/v projections in fp32): the logits differ;
+    - with autocast switched off only around the function, its backward was traced under the
+      forward's autocast, and the fp32 GEMMs of the emulation ran in bf16: the gradients differ.
 
-    Stochastic rounding draws from torch's global RNG here (the benchmark's case). With the
-    trainer's per-layer torch.Generator (``set_step``) Dynamo still breaks at each quantized linear:
-    it cannot pass a Generator into a graph (docs/performance.md, what next).
+    Stochastic rounding is off here so that eager and compiled draw nothing. With the trainer's
+    per-layer torch.Generator (``set_step``) Dynamo still breaks at each quantized linear: it
+    cannot pass a Generator into a graph (docs/performance.md, what next).
     """
     from torch._dynamo.utils import counters
 
-    cfg = compose(["+experiment=study_nvfp4"])
+    cfg = compose(["+experiment=study_nvfp4", *overrides])
     torch.manual_seed(0)
     model = build_model(cfg.model)
     apply_precision(model, cfg.precision, device=torch.device("cpu"))
-    tokens = torch.randint(0, cfg.model.vocab_size, (2, 64))
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = model(tokens)
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 65))
+    expected_logits, expected_grads = _logits_and_gradients(model, tokens)
     counters.clear()
-    trainer_compile.apply_compile(model, backend="eager")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(tokens)
-    logits.float().sum().backward()
+    trainer_compile.apply_compile(model, backend="aot_eager")
+    logits, grads = _logits_and_gradients(model, tokens)
     assert dict(counters["graph_break"]) == {}
-    assert logits.dtype == expected.dtype
-    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+    assert logits.dtype == expected_logits.dtype
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=0)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=0, msg=lambda m, name=name: f"{name}: {m}")

@@ -117,7 +117,8 @@ def check_nvfp4_stochastic_rounding() -> None:
 def check_fp8_blockwise() -> None:
     x = oracle.fresh_input(256, 256, 1.0, torch.float32).to(torch.bfloat16)
     # One read (()), or a rows-only and a columns-only pass of other tile shapes (fp8_kernels.TWO_PASS).
-    for (tile_2d, kind), two_pass in itertools.product(((False, "1x128"), (True, "128x128")), ((), (32, 32), (64, 16))):
+    two_passes = ((), (32, 32), (64, 16), (64, 64))
+    for (tile_2d, kind), two_pass in itertools.product(((False, "1x128"), (True, "128x128")), two_passes):
         row_codes, row_scales, col_codes, col_scales = fp8_kernels.fp8_block_quantize(
             x, tile_2d=tile_2d, rows=True, columns=True, two_pass=two_pass)
         for actual, expected, what in (
@@ -126,6 +127,13 @@ def check_fp8_blockwise() -> None:
         ):
             assert torch.equal(actual.data.view(torch.uint8), expected.data.view(torch.uint8)), f"{what} codes"
             same_bits(actual.natural_scales(), expected.natural_scales(), f"{what} scales")
+    for bad in ((48, 64), (64,), (64, 256)):  # a columns tile that does not divide 128 would skip columns
+        try:
+            fp8_kernels.fp8_block_quantize(x, tile_2d=False, rows=True, columns=True, two_pass=bad)
+        except ValueError as error:
+            assert "two_pass" in str(error), error
+        else:
+            raise AssertionError(f"two_pass={bad} was accepted")
 
 
 def check_fp8_per_tensor() -> None:
@@ -140,7 +148,7 @@ def check_fp8_per_tensor() -> None:
     with_nan[3, 5] = math.nan
     cases = [(x, True, True), (x.float().t(), True, True), (zeros, True, True), (overflow, True, True),
              (tiny, True, True), (with_nan, True, True), (x[:200], True, False)]  # the last: ragged rows only
-    for (tensor, rows, columns), two_pass in itertools.product(cases, ((), (32, 32))):
+    for (tensor, rows, columns), two_pass in itertools.product(cases, ((), (32, 32), (64, 64))):
         row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(tensor, rows=rows, columns=columns,
                                                                         two_pass=two_pass)
         expected = quantize_reference(tensor, "tensor")

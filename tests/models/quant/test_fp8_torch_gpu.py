@@ -158,9 +158,9 @@ def test_per_tensor_kernel_bit_identical_to_reference(shape, dtype, case):
 
 @pytest.mark.parametrize("shape", [(256, 640), (8192, 5120)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("two_pass", [(32, 32), (64, 16)])
+@pytest.mark.parametrize("two_pass", [(), (32, 32), (64, 16), (64, 64)])
 def test_two_pass_quantization_bit_identical_to_reference(shape, dtype, two_pass):
-    """fp8_kernels.TWO_PASS: a rows-only and a columns-only pass give the one-read kernel's codes and scales."""
+    """fp8_kernels.TWO_PASS: one read (()) and a rows-only plus a columns-only pass give the reference's codes and scales."""
     x = _fresh(*shape, dtype)
     _poison_allocator(4 * x.numel())
     for kind, tile_2d in (("1x128", False), ("128x128", True)):  # 2D tiles ignore two_pass: one read
