@@ -41,7 +41,7 @@ an error naming the layer, the GEMM, the operand and the dim. Nothing is padded.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -214,6 +214,16 @@ def _use_epilogue_kernel(out: torch.Tensor, compute_dtype: torch.dtype, result_d
     return result_dtype == compute_dtype or (compute_dtype, result_dtype) == (torch.bfloat16, torch.float32)
 
 
+def _quantize_pair(a: torch.Tensor, b: torch.Tensor, gemm: GemmSpec, transpose: Tuple[bool, bool],
+                   names: Tuple[str, str], compute_dtype: torch.dtype, generator) -> Tuple[_Operand, _Operand]:
+    """Both operands of one GEMM, quantized as ``gemm`` says (a first: the order of the random draws)."""
+    a_op = _quantize_operand(a, gemm.a, transpose=transpose[0], compute_dtype=compute_dtype, generator=generator,
+                             name=names[0])
+    b_op = _quantize_operand(b, gemm.b, transpose=transpose[1], compute_dtype=compute_dtype, generator=generator,
+                             name=names[1])
+    return a_op, b_op
+
+
 class QuantLinearFunction(torch.autograd.Function):
     """Y = X W^T with emulated quantized GEMMs; see the module docstring for the op order."""
 
@@ -224,14 +234,8 @@ class QuantLinearFunction(torch.autograd.Function):
             out = high_precision_gemm(x2, weight, compute_dtype)
             saved_weight = None
         else:
-            x_op = _quantize_operand(
-                x2, spec.fprop.a, transpose=False, compute_dtype=compute_dtype, generator=generator,
-                name="Fprop X",
-            )
-            w_op = _quantize_operand(
-                weight, spec.fprop.b, transpose=False, compute_dtype=compute_dtype, generator=generator,
-                name="Fprop W",
-            )
+            x_op, w_op = _quantize_pair(x2, weight, spec.fprop, (False, False), ("Fprop X", "Fprop W"),
+                                        compute_dtype, generator)
             out = _gemm(x_op, w_op, compute_dtype)
             saved_weight = w_op if spec.reuses_forward_weight else None
         ctx.spec, ctx.generator, ctx.compute_dtype = spec, generator, compute_dtype
@@ -277,14 +281,8 @@ class QuantLinearFunction(torch.autograd.Function):
             if spec.wgrad is None:
                 grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
             else:
-                dy_t_op = _quantize_operand(
-                    dy, spec.wgrad.a, transpose=True, compute_dtype=compute_dtype, generator=generator,
-                    name="Wgrad dY^T",
-                )
-                x_t_op = _quantize_operand(
-                    x2, spec.wgrad.b, transpose=True, compute_dtype=compute_dtype, generator=generator,
-                    name="Wgrad X^T",
-                )
+                dy_t_op, x_t_op = _quantize_pair(dy, x2, spec.wgrad, (True, True), ("Wgrad dY^T", "Wgrad X^T"),
+                                                 compute_dtype, generator)
                 grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype, result_dtype=weight.dtype)
             grad_weight = grad_weight.to(weight.dtype)
         return grad_x, grad_weight, None, None, None
