@@ -176,9 +176,10 @@ is read: (rows_tile_rows, columns_tile_cols) for two launches, a rows-only pass 
 [rows_tile_rows, 128] tiles and a columns-only pass over [128, columns_tile_cols] tiles (each a
 power of two from 16 to 128); () for one read that writes both orientations from a 128x128 tile
 per program. Same codes and scales either way. Two passes read x twice, but with (64, 64) each
-program holds half the values (the one-read kernel holds 64 fp32 values per thread at 8 warps). On the H200 (2026-12-03, scripts/bench_fp8_linear.py, 5120->20480 at 8192
-tokens) the FP8 blockwise layer took 5.45 ms with (64, 64) against 5.64 ms with one read; per
-tensor 4.79 against 4.76 ms (within noise)."""
+program holds half the values (the one-read kernel holds 64 fp32 values per thread at 8 warps).
+On the H200 (2026-12-03, scripts/bench_fp8_linear.py, 5120->20480 at 8192 tokens) the FP8
+blockwise layer took 5.45 ms with (64, 64) against 5.64 ms with one read; per tensor 4.79
+against 4.76 ms (within noise)."""
 
 
 def _launch(x, row_args, col_args, scalars, *, rows: bool, columns: bool, tile_2d: bool, tensor_scale: bool,
@@ -307,8 +308,9 @@ def fp8_tensor_quantize(
 
     Torch's max-abs reduction for the amax, then the kernel writes ``rows`` (codes [R, C]) and/or
     ``columns`` (x^T's codes [C, R], contiguous, as the GEMM takes them): from one read of x, or,
-    with both asked and ``TWO_PASS`` set, in a rows pass and a columns pass. Returns (row_codes, column_codes, decode scale 0-dim fp32), None where not asked.
-    C must divide by 128; R too when ``columns`` (see ``supports_tensor_shape``). ``two_pass``: see
+    with both asked and ``TWO_PASS`` set, in a rows pass and a columns pass. Returns (row_codes,
+    column_codes, decode scale 0-dim fp32), None where not asked. C must divide by 128; R too when
+    ``columns`` (see ``supports_tensor_shape``). ``two_pass``: see
     ``_launch``.
     """
     where = _check_input(x, rows, columns, "fp8_tensor_quantize", name)

@@ -596,6 +596,14 @@ def _amax_programs(x: torch.Tensor, num_tiles: int) -> int:
     return max(1, min(num_tiles, AMAX_PROGRAMS_PER_SM * sms, MAX_PARTIALS))
 
 
+def _amax_by_torch(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as a 1-element tensor in x's dtype, by ATen's (or, inside torch.compile, Inductor's)
+    reduction. A max is exact in any order and dtype (it is one of x's values); a NaN or Inf in x
+    comes out as NaN or Inf, which the kernels turn into a NaN decode scale, as the persistent
+    amax kernel does."""
+    return torch.linalg.vector_norm(x, float("inf")).reshape(1)
+
+
 def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_cols: int = 128) -> torch.Tensor:
     """[S_enc, S_dec] (fp32, on x's device) from max |x| (or max |rht along dim 0 (x)|): two launches."""
     rows, cols = x.shape
@@ -610,12 +618,8 @@ def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_c
             ROUND_BF16=x.dtype == torch.bfloat16, num_warps=4, enable_fp_fusion=False,
         )
     elif AMAX_REDUCTION == "torch":
-        # max |x| by ATen's (or, inside torch.compile, Inductor's) reduction. A max is exact in any
-        # order, so this is the same number; a NaN or Inf in x comes out as NaN or Inf, and the
-        # finalize kernel below turns either into a NaN decode scale, as the persistent kernel does.
-        # In x's dtype (a max of |x| is one of x's values, so exact); the finalize kernel widens it.
         programs = 1
-        partials = torch.linalg.vector_norm(x, float("inf")).reshape(1)
+        partials = _amax_by_torch(x)
     else:
         block_r, block_c, warps = AMAX_CONFIG
         tiles_c = triton.cdiv(cols, block_c)
@@ -642,8 +646,7 @@ def _global_scales_or_amax(x: torch.Tensor, *, rht: bool):
     if rht or AMAX_REDUCTION != "torch":
         global_scales = amax_global_scales(x, rht=rht)
         return global_scales, global_scales
-    amax = torch.linalg.vector_norm(x, float("inf")).reshape(1)  # in x's dtype: exact (a max of x's values)
-    return torch.empty(2, dtype=torch.float32, device=x.device), amax
+    return torch.empty(2, dtype=torch.float32, device=x.device), _amax_by_torch(x)
 
 
 def _outputs(x, scales_shape, out_dtype, write_codes):
