@@ -50,8 +50,11 @@ PRECISIONS = {
 }
 # Kernel-name patterns of each component (lower case; first match wins, in this order).
 COMPONENTS = [
-    # "absmaxops": ATen's max-abs reduction (torch.linalg.vector_norm(x, inf)), the NVFP4 amax pass.
-    ("quantization", ("quantize", "quant_", "_fp8_", "nvfp4", "e2m1", "amax", "hadamard", "rht", "absmaxops")),
+    # "absmaxops": ATen's max-abs reduction (torch.linalg.vector_norm(x, inf)), the NVFP4 amax pass;
+    # "vector_norm": the same reduction compiled by Inductor, often fused with its producer (which
+    # the "_norm_" pattern of the norms below would otherwise claim).
+    ("quantization", ("quantize", "quant_", "_fp8_", "nvfp4", "e2m1", "amax", "hadamard", "rht", "absmaxops",
+                      "vector_norm")),
     # The emulated NVFP4 GEMMs' decode-scale multiply and rounding of their fp32 output
     # (kernels.scale_gemm_output); listed before the GEMMs, whose "gemm" pattern it also matches.
     ("GEMM output scaling", ("scale_gemm_output",)),
@@ -77,6 +80,10 @@ class StepBenchmark:
     compile: bool = False
     activation_checkpoint: str = "none"
     profile: bool = True
+    cuda_graph: bool = False
+    trainer_rng: bool = False
+    """Seed stochastic rounding as the trainer does (a torch.Generator per layer, ``plan.set_step``)
+    instead of from the global RNG, to time what training runs pay for it."""
     override: List[str] = field(default_factory=list)
 
 
@@ -148,6 +155,38 @@ def profile_breakdown(fn) -> Dict[str, float]:
             "top_aten_ops": [f"{ms:8.2f} ms x{count:<4} {key} {shapes}" for ms, count, key, shapes in ops[:25]]}
 
 
+def capture_cuda_graph(fn):
+    """``fn`` recorded once into a CUDA graph; returns the graph's ``replay``.
+
+    Replaying launches every kernel of the recorded call with no Python, dispatcher or launch
+    overhead per kernel: what a host-bound step (the study model's) would take if the host were
+    free. Three warm-up calls run on a side stream first, as CUDA graph capture requires (lazy
+    initialization, autotuning and allocator growth must not happen while capturing). Anything
+    that synchronizes with the host inside ``fn`` makes the capture fail (the caller reports it).
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def time_graphed(fn, settings: "StepBenchmark") -> dict:
+    """Median ms of ``fn`` replayed from one CUDA graph, or the capture's error."""
+    try:
+        replay = capture_cuda_graph(fn)
+        times = cuda_times_ms(replay, settings.warmup, settings.iters, synchronize_each=True)
+        return {"fwd_bwd_graph_ms": sorted(times)[len(times) // 2]}
+    except Exception as error:  # reported in the table: the capture is an experiment, not the step
+        torch.cuda.synchronize()
+        return {"fwd_bwd_graph_error": f"{type(error).__name__}: {str(error)[:300]}"}
+
+
 @contextlib.contextmanager
 def count_graph_breaks():
     """Yields a dict filled on exit: torch.compile's graph breaks during the block, by reason.
@@ -181,6 +220,8 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
     torch.cuda.reset_peak_memory_stats()
     model = build_model_on(cfg, device)
     plan = apply_precision(model, cfg.precision, device=device)
+    if settings.trainer_rng:
+        plan.set_step(0)  # per-layer generators, as trainer.callbacks.PrecisionRuntime seeds them
     autocast_dtype = parallelize(model, cfg.parallel, env)["autocast_dtype"]
     autocast = (torch.autocast("cuda", dtype=autocast_dtype) if autocast_dtype is not None
                 else contextlib.nullcontext())
@@ -206,6 +247,8 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
                             settings.iters, synchronize_each=True)
     step = cuda_times_ms(full_step, 2, settings.iters, synchronize_each=True)
     breakdown = profile_breakdown(fwd_bwd_only) if settings.profile else {}
+    optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients it writes in its own pool
+    graphed = time_graphed(fwd_bwd_only, settings) if settings.cuda_graph else {}
     peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30  # over everything above
     optimizer.zero_grad(set_to_none=True)
     activations_gib = activation_peak(fwd_bwd_only, model)
@@ -233,6 +276,7 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "plan": plan.summary(),
         **breakdown,
+        **graphed,
     }
     model = optimizer = plan = batch = None  # freed before the next precision is built
     gc.collect()
@@ -261,6 +305,14 @@ def render(results: List[dict]) -> str:
             total = sum(r["components_ms"].values())
             parts = ", ".join(f"{k} {v:.1f}" for k, v in r["components_ms"].items())
             lines.append(f"  {r['precision']} breakdown (ms of {total:.1f} kernel time): {parts}")
+    graphed_base = (base or {}).get("fwd_bwd_graph_ms")
+    for r in results:
+        if "fwd_bwd_graph_ms" in r:
+            ratio = r["fwd_bwd_graph_ms"] / graphed_base if graphed_base else float("nan")
+            lines.append(f"  {r['precision']} fwd+bwd replayed from one CUDA graph: {r['fwd_bwd_graph_ms']:.1f} ms "
+                         f"(without: {r['fwd_bwd_ms']:.1f} ms); {ratio:.2f}x bf16's graph")
+        elif "fwd_bwd_graph_error" in r:
+            lines.append(f"  {r['precision']} CUDA graph capture failed: {r['fwd_bwd_graph_error']}")
     for r in results:
         if "kernel_launches" in r:
             # Wall time not covered by the summed kernel time (0 if kernels on several streams overlapped).

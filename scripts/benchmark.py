@@ -43,6 +43,10 @@ def main(argv=None) -> int:
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (parallel.compile)")
     parser.add_argument("--activation-checkpoint", default="none")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="also time fwd+bwd replayed from one CUDA graph (what a host-bound step costs without the host)")
+    parser.add_argument("--trainer-rng", action="store_true",
+                        help="seed stochastic rounding with per-layer generators, as training runs do")
     parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -51,7 +55,7 @@ def main(argv=None) -> int:
     settings = StepBenchmark(
         model=args.model, seq_len=args.seq_len, micro_batch=args.micro_batch, warmup=args.warmup, iters=args.iters,
         compile=args.compile, activation_checkpoint=args.activation_checkpoint, profile=args.profile,
-        override=args.override,
+        cuda_graph=args.cuda_graph, trainer_rng=args.trainer_rng, override=args.override,
     )
     results = []
     for precision in args.precisions.split(","):

@@ -17,6 +17,10 @@ def test_kernels_land_in_their_component():
     assert classify("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, "
                     "at::native::AbsMaxOps<c10::BFloat16, float, c10::BFloat16>, unsigned int, c10::BFloat16, 4, 4> >"
                     ) == "quantization"
+    # The amax reduction as Inductor compiles it, fused with its producer: quantization, not a norm.
+    assert classify("triton_red_fused__to_copy_add_cat_constant_pad_nd_linalg_vector_norm_mul_select_slice_"
+                    "backward_squeeze_view_6") == "quantization"
+    assert classify("_layer_norm_bwd_kernel") == "norms"
     assert classify("_chunk_scan_chunk_state_bwd_dx_kernel") == "ssd"
     assert classify("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>") == \
         "other (elementwise, copies)"
@@ -55,6 +59,18 @@ def test_render_shows_launches_idle_time_and_graph_breaks():
     text = render([row])
     assert "812 kernels" in text and "GPU idle 6.0 ms of 15.0 ms" in text
     assert "graph breaks while compiling: 3 (3x Unsupported: torch.Generator)" in text
+
+
+def test_render_shows_the_cuda_graph_rows_against_bf16s_graph():
+    from benchmarks.step import render
+
+    base = {"backend": "none", "step_ms": 1.0, "tokens_per_s": 1.0, "mfu": 0.1, "peak_memory_gib": 1.0}
+    rows = [{**base, "precision": "bf16", "fwd_bwd_ms": 60.0, "fwd_bwd_graph_ms": 20.0},
+            {**base, "precision": "nvfp4", "fwd_bwd_ms": 90.0, "fwd_bwd_graph_ms": 30.0},
+            {**base, "precision": "fp8", "fwd_bwd_ms": 50.0, "fwd_bwd_graph_error": "RuntimeError: not capturable"}]
+    text = render(rows)
+    assert "nvfp4 fwd+bwd replayed from one CUDA graph: 30.0 ms (without: 90.0 ms); 1.50x bf16's graph" in text
+    assert "fp8 CUDA graph capture failed: RuntimeError: not capturable" in text
 
 
 def test_every_benchmark_precision_composes_to_its_format():
