@@ -3,6 +3,7 @@
 The loop calls, on every rank and in this order for each step:
 
   on_step_start(ctx)         before the forward (the step's batch not yet drawn); ctx.state.step = steps done
+  on_micro_step_start(ctx, i) before micro-batch i's forward (gradient accumulation: i = 0 .. n-1)
   on_after_backward(ctx)     gradients complete, before clipping and the optimizer update
   on_step_end(ctx, metrics)  after the update, the metrics line and evaluation; ctx.state.step counts this step
   on_step_boundary(ctx)      after everything step N does (halt check, periodic checkpoint), before the
@@ -66,6 +67,9 @@ class Callback:
     def on_step_start(self, ctx: StepContext) -> None:
         pass
 
+    def on_micro_step_start(self, ctx: StepContext, micro_step: int) -> None:
+        pass
+
     def on_after_backward(self, ctx: StepContext) -> None:
         pass
 
@@ -91,6 +95,10 @@ class PrecisionRuntime(Callback):
         if switched:
             ctx.logger.event(ctx.state.step, "precision_switch", tokens=ctx.state.tokens, **switched)
         self.plan.set_step(ctx.state.step)  # SR draws from (seed, layer, step, rank): resumes round alike
+
+    def on_micro_step_start(self, ctx: StepContext, micro_step: int) -> None:
+        if micro_step:  # set_step wrote micro-batch 0's seeds
+            self.plan.set_micro_step(micro_step)  # each micro-batch rounds with its own draws
 
     def state_dict(self) -> dict:
         return self.plan.state_dict()

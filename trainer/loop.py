@@ -141,7 +141,8 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback]) -> di
             set_lr(optimizer, lr)
             try:
                 loss, grad_norm = train_step(model, optimizer, loader, accumulation, autocast, env.device,
-                                             cfg.optim.grad_clip, lambda: call(callbacks, "on_after_backward", ctx))
+                                             cfg.optim.grad_clip, lambda: call(callbacks, "on_after_backward", ctx),
+                                             lambda micro: call(callbacks, "on_micro_step_start", ctx, micro))
             except torch.OutOfMemoryError as error:
                 raise RuntimeError(f"step {state.step}: {OOM_ADVICE}") from error
 
@@ -295,8 +296,11 @@ def forward_backward(model, batch, autocast, device: torch.device, accumulation:
 
 
 def train_step(model, optimizer, loader, accumulation: int, autocast, device: torch.device,
-               grad_clip: float, after_backward: Callable[[], None]):
+               grad_clip: float, after_backward: Callable[[], None],
+               before_micro_step: Callable[[int], None] = lambda micro_step: None):
     """Forward and backward over `accumulation` micro-batches; returns (mean loss, global grad norm).
+
+    ``before_micro_step(i)`` runs before micro-batch i's forward (the stochastic-rounding seeds).
 
     The optimizer update is the caller's (it may be skipped). One host sync per step: the loss
     and the grad norm are read together to decide whether the update is applied.
@@ -306,6 +310,7 @@ def train_step(model, optimizer, loader, accumulation: int, autocast, device: to
     for micro_step in range(accumulation):
         if set_sync is not None:
             set_sync(micro_step == accumulation - 1)  # reduce-scatter gradients once, at the end
+        before_micro_step(micro_step)
         loss_sum += forward_backward(model, next(loader), autocast, device, accumulation)
     after_backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"),

@@ -28,11 +28,14 @@ The compute dtype is the autocast dtype when autocast is on, else the input's dt
 in the compute dtype; dX comes back in the input's dtype, dW in the weight's dtype (FP32 master
 weights stay FP32; W is quantized from them directly).
 
-Stochastic rounding draws from torch's global RNG on the tensor's device (seeded by the trainer:
-runs are reproducible and no two calls share draws), or from ``QuantLinear.generator`` when set.
-In the backward, Dgrad's dY is quantized (and draws) before Wgrad's dY^T. On CUDA with Triton the
-NVFP4 operands go through ``models.quant.kernels`` (bit-identical for RNE; SR seeds drawn from the
-same RNG), unless ``models.quant.kernels.use_triton(False)``.
+Stochastic rounding draws from the layer's ``rounding_rng()``: a torch.Generator when one is set
+(in the backward, Dgrad's dY draws before Wgrad's dY^T), else the device seed tensor the trainer
+writes every micro-batch (``QuantizedLinear.sr_seed``), offset per operand by the CRC-32 of the
+operand's name ('Dgrad dY', 'Wgrad dY^T', ...) so no two operands of a layer share draws, else
+torch's global RNG. The seed tensor enters torch.compile and CUDA graphs as a plain input; the
+torch path turns it into a Generator (one host read, eager code only). On CUDA with Triton the
+NVFP4 operands go through ``models.quant.kernels`` (bit-identical for RNE; Philox keyed by the
+seed), unless ``models.quant.kernels.use_triton(False)``.
 
 Shapes are checked in the forward, so a layer that does not divide its blocks fails at once, with
 an error naming the layer, the GEMM, the operand and the dim. Nothing is padded.
@@ -40,8 +43,9 @@ an error naming the layer, the GEMM, the operand and the dim. Nothing is padded.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -104,13 +108,38 @@ def _scaled_values_exact(spec: OperandSpec, compute_dtype: torch.dtype) -> bool:
     return spec.fmt != "fp8_block" or spec.power_of_two_scales
 
 
+RoundingRng = Union[torch.Generator, torch.Tensor, None]
+"""A torch.Generator, an int64 [1] seed tensor (QuantizedLinear.sr_seed), or None (global RNG)."""
+
+
+OPERAND_NAMES = ("Fprop X", "Fprop W", "Dgrad dY", "Dgrad W^T", "Wgrad dY^T", "Wgrad X^T")
+OPERAND_SEED_OFFSETS = {name: zlib.crc32(name.encode()) for name in OPERAND_NAMES}
+"""Each operand's constant seed offset, computed at import: torch.compile reads a constant dict
+where a call of zlib.crc32 (C code Dynamo cannot trace) would break the graph."""
+
+
+def _operand_seed(seed: torch.Tensor, name: str) -> torch.Tensor:
+    """The layer's seed tensor offset by a constant of the operand ('Dgrad dY', ...): its own draws.
+    The seed is below 2^62 and the offset below 2^32, so the sum stays a positive int64."""
+    offset = OPERAND_SEED_OFFSETS.get(name)
+    return seed + (offset if offset is not None else zlib.crc32(name.encode()))
+
+
+def _torch_generator(seed: torch.Tensor, name: str) -> torch.Generator:
+    """A Generator on the seed's device seeded with the operand's seed, for the torch quantizer
+    (one host read: the torch path is the eager reference, not the compiled fast path)."""
+    generator = torch.Generator(device=seed.device)
+    generator.manual_seed(int(_operand_seed(seed, name).item()))
+    return generator
+
+
 def _quantize_operand(
     tensor: torch.Tensor,
     spec: OperandSpec,
     *,
     transpose: bool,
     compute_dtype: torch.dtype,
-    generator: Optional[torch.Generator],
+    rng: RoundingRng,
     name: str,
 ) -> _Operand:
     """Quantize the operand matrix ``tensor.t() if transpose else tensor`` along its last dim.
@@ -121,16 +150,20 @@ def _quantize_operand(
     exact = _scaled_values_exact(spec, compute_dtype)
     values_dtype = compute_dtype if exact else torch.float32
     stochastic = spec.rounding == "stochastic"
+    seeded = stochastic and isinstance(rng, torch.Tensor)
+    generator = rng if isinstance(rng, torch.Generator) else None
     if _use_kernel(tensor, spec, transpose):
         from models.quant import kernels
 
+        seed = _operand_seed(rng, name) if seeded else None
         if transpose and spec.tile == (1, 16):
             out = kernels.nvfp4_quantize_columns(
-                tensor, rht=spec.rht, stochastic=stochastic, generator=generator, out_dtype=values_dtype, name=name
+                tensor, rht=spec.rht, stochastic=stochastic, seed=seed, generator=generator, out_dtype=values_dtype,
+                name=name,
             )
         else:  # rows, or a 16x16 tiling, which is the same for the tensor and its transpose
             out = kernels.nvfp4_quantize_rows(
-                tensor, two_d=spec.tile == (16, 16), stochastic=stochastic, generator=generator,
+                tensor, two_d=spec.tile == (16, 16), stochastic=stochastic, seed=seed, generator=generator,
                 out_dtype=values_dtype, name=name,
             )
         values = out.values.t() if transpose else out.values
@@ -139,6 +172,8 @@ def _quantize_operand(
         # A transposed operand stays a view of the tensor's storage: the RHT and the quantizer
         # keep its memory order, and the GEMM takes it as a transposed matrix (no copies).
         matrix = tensor.t() if transpose else tensor
+        if seeded:
+            generator = _torch_generator(rng, name)
         if spec.rht:
             matrix = rht(matrix, name=name)
         # The values q * s_b only (no element codes): bit for bit quantize(...).scaled_values().
@@ -215,11 +250,11 @@ def _use_epilogue_kernel(out: torch.Tensor, compute_dtype: torch.dtype, result_d
 
 
 def _quantize_pair(a: torch.Tensor, b: torch.Tensor, gemm: GemmSpec, transpose: Tuple[bool, bool],
-                   names: Tuple[str, str], compute_dtype: torch.dtype, generator) -> Tuple[_Operand, _Operand]:
+                   names: Tuple[str, str], compute_dtype: torch.dtype, rng: RoundingRng) -> Tuple[_Operand, _Operand]:
     """Both operands of one GEMM, quantized as ``gemm`` says (a first: the order of the random draws)."""
-    a_op = _quantize_operand(a, gemm.a, transpose=transpose[0], compute_dtype=compute_dtype, generator=generator,
+    a_op = _quantize_operand(a, gemm.a, transpose=transpose[0], compute_dtype=compute_dtype, rng=rng,
                              name=names[0])
-    b_op = _quantize_operand(b, gemm.b, transpose=transpose[1], compute_dtype=compute_dtype, generator=generator,
+    b_op = _quantize_operand(b, gemm.b, transpose=transpose[1], compute_dtype=compute_dtype, rng=rng,
                              name=names[1])
     return a_op, b_op
 
@@ -228,17 +263,20 @@ class QuantLinearFunction(torch.autograd.Function):
     """Y = X W^T with emulated quantized GEMMs; see the module docstring for the op order."""
 
     @staticmethod
-    def forward(ctx, x, weight, spec: LinearSpec, generator, compute_dtype):
+    def forward(ctx, x, weight, spec: LinearSpec, rng: RoundingRng, compute_dtype):
         x2 = x.reshape(-1, x.shape[-1])
         if spec.fprop is None:
             out = high_precision_gemm(x2, weight, compute_dtype)
             saved_weight = None
         else:
             x_op, w_op = _quantize_pair(x2, weight, spec.fprop, (False, False), ("Fprop X", "Fprop W"),
-                                        compute_dtype, generator)
+                                        compute_dtype, rng)
             out = _gemm(x_op, w_op, compute_dtype)
             saved_weight = w_op if spec.reuses_forward_weight else None
-        ctx.spec, ctx.generator, ctx.compute_dtype = spec, generator, compute_dtype
+        ctx.spec, ctx.compute_dtype = spec, compute_dtype
+        # A seed tensor is saved like any tensor (torch.compile traces it); a Generator rides on ctx.
+        ctx.seed_saved = isinstance(rng, torch.Tensor)
+        ctx.generator = None if ctx.seed_saved else rng
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.has_saved_weight = saved_weight is not None
         ctx.saved_weight_has_decode = saved_weight is not None and saved_weight.decode is not None
@@ -247,7 +285,7 @@ class QuantLinearFunction(torch.autograd.Function):
             extra.append(saved_weight.values)
             if saved_weight.decode is not None:
                 extra.append(saved_weight.decode)
-        ctx.save_for_backward(x2, weight, *extra)
+        ctx.save_for_backward(x2, weight, *([rng] if ctx.seed_saved else []), *extra)
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
@@ -255,7 +293,7 @@ class QuantLinearFunction(torch.autograd.Function):
         x2, weight, *extra = ctx.saved_tensors
         spec: LinearSpec = ctx.spec
         compute_dtype = ctx.compute_dtype
-        generator = ctx.generator
+        rng = extra.pop(0) if ctx.seed_saved else ctx.generator
         dy = grad_output.reshape(-1, grad_output.shape[-1])
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
@@ -263,7 +301,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
             else:
                 dy_op = _quantize_operand(
-                    dy, spec.dgrad.a, transpose=False, compute_dtype=compute_dtype, generator=generator,
+                    dy, spec.dgrad.a, transpose=False, compute_dtype=compute_dtype, rng=rng,
                     name="Dgrad dY",
                 )
                 if ctx.has_saved_weight:
@@ -273,7 +311,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 else:
                     w_t_op = _quantize_operand(
                         weight, spec.dgrad.b, transpose=True, compute_dtype=compute_dtype,
-                        generator=generator, name="Dgrad W^T",
+                        rng=rng, name="Dgrad W^T",
                     )
                 grad_x = _gemm(dy_op, w_t_op, compute_dtype)
             grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
@@ -282,7 +320,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
             else:
                 dy_t_op, x_t_op = _quantize_pair(dy, x2, spec.wgrad, (True, True), ("Wgrad dY^T", "Wgrad X^T"),
-                                                 compute_dtype, generator)
+                                                 compute_dtype, rng)
                 grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype, result_dtype=weight.dtype)
             grad_weight = grad_weight.to(weight.dtype)
         return grad_x, grad_weight, None, None, None
@@ -304,4 +342,4 @@ class QuantLinear(QuantizedLinear):
         super().check_input(x)
 
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-        return QuantLinearFunction.apply(x, self.weight, self.spec, self.generator, compute_dtype)
+        return QuantLinearFunction.apply(x, self.weight, self.spec, self.rounding_rng(), compute_dtype)

@@ -9,9 +9,15 @@
 - the shape checks (a dim that does not divide its blocks is an error naming the layer, the GEMM,
   the operand and the dim; nothing is padded), the bias (added after the GEMM in the compute dtype);
 - the spec and the late switch to BF16 (``set_high_precision``: those GEMMs run in the compute dtype);
-- the per-step state of stochastic rounding: ``set_seed(seed, layer)`` once, ``set_step(step, rank)``
-  every optimizer step re-seeds ``generator`` from ``mix_seed(seed, layer, step, rank)``, so a resumed
-  run rounds exactly as an uninterrupted one and data-parallel ranks draw independently.
+- the per-step state of stochastic rounding: ``set_seed(seed, layer)`` once, then ``set_step(step,
+  rank)`` every optimizer step and ``set_micro_step(i)`` every micro-batch write
+  ``mix_seed(seed, layer, step, rank, i)`` into the device tensor ``sr_seed``. Every draw is a
+  function of those five numbers, so a resumed run rounds exactly as an uninterrupted one, and
+  data-parallel ranks and micro-batches draw independently. A tensor, not a torch.Generator: a
+  Generator cannot enter a torch.compile graph (Dynamo broke the graph at every quantized linear;
+  the H200's NVFP4 study step took 179.6 ms with per-layer generators against 111.4 ms without)
+  nor a CUDA graph, while a tensor written between steps can. Each operand then offsets the seed
+  by a constant of its own (``models.quant.linear``).
 A subclass implements ``quantized_matmul(x, compute_dtype)`` (an autograd function over x and the
 weight): ``models.quant.linear.QuantLinear`` (emulated), ``models.quant.fp8_torch.TorchFp8Linear``
 (native FP8 through torch's scaled matmul). Transformer Engine's layers are TE's own modules
@@ -57,9 +63,14 @@ def autocast_off(device_type: str):
     return contextlib.nullcontext()
 
 
-def mix_seed(seed: int, layer: int, step: int, rank: int) -> int:
-    """A 63-bit seed from the run seed, layer index, step and rank (splitmix-style mixing)."""
-    value = (seed * 0x9E3779B97F4A7C15 + layer * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB + rank) % (1 << 64)
+SEED_BITS = 62
+"""``sr_seed`` holds values below 2^62, so a seed plus an operand's 32-bit offset stays an int64."""
+
+
+def mix_seed(seed: int, layer: int, step: int, rank: int, micro_step: int = 0) -> int:
+    """A 63-bit seed from the run seed, layer index, step, rank and micro-batch (splitmix-style mixing)."""
+    value = (seed * 0x9E3779B97F4A7C15 + layer * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB + rank
+             + micro_step * 0xD6E8FEB86659FD93) % (1 << 64)
     value ^= value >> 31
     return value % (1 << 63)
 
@@ -69,8 +80,9 @@ class QuantizedLinear(nn.Linear):
 
     ``spec`` may be replaced at any time (late switch to BF16); a spec with no quantized GEMM runs
     exactly ``F.linear``. ``name`` (the module's fully qualified name) appears in every error.
-    ``generator``: the torch.Generator stochastic rounding draws from (None: torch's global RNG);
-    ``set_step`` keeps it seeded per step.
+    Stochastic rounding draws from ``generator`` when one is set (a torch.Generator: tests, studies
+    of one layer), else from ``sr_seed`` once ``set_step`` has written it (training), else from
+    torch's global RNG.
     """
 
     def __init__(
@@ -106,7 +118,11 @@ class QuantizedLinear(nn.Linear):
         self.seed = 0
         self.layer = 0
         self.step = 0
+        self.rank = 0
         self.generator: Optional[torch.Generator] = None
+        # int64 [1] on the weight's device; a buffer, so torch.compile takes it as a graph input
+        # (the values written between micro-batches reach the compiled code); not in state_dict.
+        self.register_buffer("sr_seed", None, persistent=False)
 
     def default_spec(self) -> LinearSpec:
         """The spec of a layer built without one: every GEMM in high precision."""
@@ -126,14 +142,25 @@ class QuantizedLinear(nn.Linear):
         self.seed, self.layer = int(seed), int(layer)
 
     def set_step(self, step: int, rank: int = 0) -> None:
-        """Re-seed ``generator`` for this optimizer step (when the spec rounds stochastically)."""
-        self.step = int(step)
+        """This optimizer step's seed (its first micro-batch's) into ``sr_seed``, when the spec rounds
+        stochastically."""
+        self.step, self.rank = int(step), int(rank)
+        self.set_micro_step(0)
+
+    def set_micro_step(self, micro_step: int) -> None:
+        """Write micro-batch ``micro_step``'s seed of the current step into ``sr_seed``: one fill on
+        the device, no host sync, the same tensor every time (CUDA graphs keep its address)."""
         if not self.spec.stochastic:
             return
         device = self.weight.device
-        if self.generator is None or self.generator.device != device:
-            self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(mix_seed(self.seed, self.layer, self.step, rank))
+        if self.sr_seed is None or self.sr_seed.device != device:
+            self.sr_seed = torch.zeros(1, dtype=torch.int64, device=device)
+        seed = mix_seed(self.seed, self.layer, self.step, self.rank, micro_step) % (1 << SEED_BITS)
+        self.sr_seed.fill_(seed)
+
+    def rounding_rng(self):
+        """What stochastic rounding draws from: ``generator``, else ``sr_seed``, else None (global RNG)."""
+        return self.generator if self.generator is not None else self.sr_seed
 
     # ------------------------------------------------------------------ forward
     def compute_dtype(self, x: torch.Tensor) -> torch.dtype:

@@ -128,8 +128,13 @@ class PrecisionPlan:
         """
         return [] if self.te_autocast is not None else list(self.modules.values())
 
+    def set_micro_step(self, micro_step: int) -> None:
+        """Each layer's stochastic-rounding seed for micro-batch ``micro_step`` of the current step."""
+        for module in self.quantized_linears():
+            module.set_micro_step(micro_step)
+
     def set_step(self, step: int) -> None:
-        """Re-seed each layer's stochastic-rounding generator from (seed, layer, step, rank).
+        """Re-seed each layer's stochastic rounding from (seed, layer, step, rank), micro-batch 0.
 
         Every draw is then a function of the step, so a resumed run rounds exactly as an
         uninterrupted one, and data-parallel ranks (different data) draw independently.
