@@ -82,7 +82,7 @@ class StepBenchmark:
     profile: bool = True
     cuda_graph: bool = False
     trainer_rng: bool = False
-    """Seed stochastic rounding as the trainer does (a torch.Generator per layer, ``plan.set_step``)
+    """Seed stochastic rounding as the trainer does (``plan.set_step``: each layer's seed tensor)
     instead of from the global RNG, to time what training runs pay for it."""
     override: List[str] = field(default_factory=list)
 

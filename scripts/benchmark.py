@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cuda-graph", action="store_true",
                         help="also time fwd+bwd replayed from one CUDA graph (what a host-bound step costs without the host)")
     parser.add_argument("--trainer-rng", action="store_true",
-                        help="seed stochastic rounding with per-layer generators, as training runs do")
+                        help="seed stochastic rounding per layer (plan.set_step), as training runs do")
     parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
