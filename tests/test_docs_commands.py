@@ -13,7 +13,7 @@ by what it needs:
   scripts' own argparse parsers, the trainer's override check and Hydra composition,
   `bash -n` for the SLURM script), not run;
 - installs (`pip install ...`): the extras they name exist and pinned packages are the ones CI
-  installs (.ci/run); pytest lines: their paths exist and their markers are registered;
+  installs (.ci/run); pytest lines: their paths (and node ids' test functions) exist and their markers are registered;
 - templates (`+experiment=<experiment>`) are not commands and are skipped.
 
 Scripts that write into the repository (study_report: docs/study.md, docs/images) write into
@@ -351,8 +351,14 @@ def _check_pytest(arguments: list) -> str:
         if word == "-m":
             expression = next(words)
             assert all(m in markers for m in re.findall(r"\w+", expression) if m not in ("and", "or", "not")), expression
+        elif word == "-k":
+            next(words)  # a keyword expression, not a path
         elif not word.startswith("-"):
-            assert (ROOT / word).exists(), word
+            path, _, node = word.partition("::")  # a file, or a node id: file::test_name[params]
+            assert (ROOT / path).exists(), word
+            if node:
+                test_name = node.split("::")[-1].split("[")[0]
+                assert f"def {test_name}(" in (ROOT / path).read_text(), f"{word}: no test {test_name} in {path}"
     return "pytest arguments checked"
 
 
