@@ -221,7 +221,7 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
     model = build_model_on(cfg, device)
     plan = apply_precision(model, cfg.precision, device=device)
     if settings.trainer_rng:
-        plan.set_step(0)  # per-layer generators, as trainer.callbacks.PrecisionRuntime seeds them
+        plan.set_step(0)  # per-layer seed tensors, as trainer.callbacks.PrecisionRuntime writes them
     autocast_dtype = parallelize(model, cfg.parallel, env)["autocast_dtype"]
     autocast = (torch.autocast("cuda", dtype=autocast_dtype) if autocast_dtype is not None
                 else contextlib.nullcontext())

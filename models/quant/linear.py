@@ -115,14 +115,14 @@ RoundingRng = Union[torch.Generator, torch.Tensor, None]
 OPERAND_NAMES = ("Fprop X", "Fprop W", "Dgrad dY", "Dgrad W^T", "Wgrad dY^T", "Wgrad X^T")
 OPERAND_SEED_OFFSETS = {name: zlib.crc32(name.encode()) for name in OPERAND_NAMES}
 """Each operand's constant seed offset, computed at import: torch.compile reads a constant dict
-where a call of zlib.crc32 (C code Dynamo cannot trace) would break the graph."""
+where a call of zlib.crc32 (C code Dynamo cannot trace) would break the graph. A new operand name
+needs its entry (a KeyError says so)."""
 
 
 def _operand_seed(seed: torch.Tensor, name: str) -> torch.Tensor:
     """The layer's seed tensor offset by a constant of the operand ('Dgrad dY', ...): its own draws.
     The seed is below 2^62 and the offset below 2^32, so the sum stays a positive int64."""
-    offset = OPERAND_SEED_OFFSETS.get(name)
-    return seed + (offset if offset is not None else zlib.crc32(name.encode()))
+    return seed + OPERAND_SEED_OFFSETS[name]
 
 
 def _torch_generator(seed: torch.Tensor, name: str) -> torch.Generator:
