@@ -83,7 +83,9 @@ if triton is not None:
         """(scale, decode) of fp32 block amax >= 0 (+Inf for NaN/Inf blocks), TE's order."""
         flt_max = 3.4028234663852886e38
         scale = tl.math.div_rn(tl.full(amax.shape, 448.0, tl.float32), amax)
-        scale = tl.where(scale > flt_max, value_for_inf, scale)
+        # value_for_inf arrives as fp64 when Inductor launches the kernel (fp32 from a plain launch); it
+        # is a bf16/fp32 finfo max, so the cast is exact and the scale stays fp32 for the bitcast below.
+        scale = tl.where(scale > flt_max, value_for_inf, scale).to(tl.float32)
         scale = tl.where((amax == 0.0) | (amax > flt_max), 1.0, scale)
         if POWER_OF_TWO:
             scale = (scale.to(tl.int32, bitcast=True) & -8388608).to(tl.float32, bitcast=True)

@@ -44,8 +44,8 @@ Mikaitis 2025 model it as e8m13); the block sums are then scaled and added in fp
 outputs equal the emulated ones to that accumulator's precision, not to fp32's: the GPU tests
 bound the difference, and require equality on operands whose sums are exact on any accumulator.
 
-Not done here: weight quantization is not cached across micro-batches; under ``torch.compile`` a
-quantized layer is a graph break (``torch.compiler.disable``): its kernels are already fused by hand.
+Not done here: weight quantization is not cached across micro-batches. Under ``torch.compile`` the
+layer is traced whole (its hand-written Triton kernels run as they are; Inductor fuses around them).
 
 Sources: TE ``transformer_engine/common/recipe/recipe_common.cuh`` and ``Float8BlockScaling``;
 PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` and ``test/test_scaled_matmul_cuda.py``
@@ -401,11 +401,10 @@ class TorchFp8Linear(QuantizedLinear):
                     raise ValueError(f"layer {self.name!r} ({gemm.capitalize()}, fp8_tensor): {dim_name} {size} is not a "
                                      "multiple of 16, which torch._scaled_mm needs; nothing is padded")
 
-    @torch.compiler.disable
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-        # A graph break under torch.compile: the GEMMs are cuBLAS calls and each operand's
-        # quantization is one hand-fused kernel already; tracing the scaled-mm enums and the Triton
-        # launches would buy little and risk much.
+        # Traced by torch.compile like the rest of the block (no graph break): Dynamo records the
+        # Triton launches and scaled-mm calls, so a compiled block is one graph and can be captured
+        # in a CUDA graph. The GPU tests compare compiled (fullgraph) against eager bit for bit.
         running = self.gemms_to_check(x)
         kinds = [operand_kind(operand) for gemm in GEMMS if getattr(running, gemm) is not None
                  for operand in (getattr(running, gemm).a, getattr(running, gemm).b)]

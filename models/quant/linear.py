@@ -290,10 +290,13 @@ class QuantLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        x2, weight, *extra = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        x2, weight = saved[0], saved[1]
+        # Indexing, not list.pop: Dynamo traces the saved tensors as a tuple (no pop under compile).
+        rng = saved[2] if ctx.seed_saved else ctx.generator
+        extra = saved[3:] if ctx.seed_saved else saved[2:]
         spec: LinearSpec = ctx.spec
         compute_dtype = ctx.compute_dtype
-        rng = extra.pop(0) if ctx.seed_saved else ctx.generator
         dy = grad_output.reshape(-1, grad_output.shape[-1])
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
