@@ -31,6 +31,7 @@ from benchmarks.timing import cuda_times_ms
 from models.flops import flops_per_token
 from models.quant.recipe import apply_precision
 from trainer.config import TrainConfig, compose
+from trainer.cuda_graph import GraphedMicroStep
 from trainer.distributed import DistEnv, parallelize
 from trainer.hardware import bf16_peak_flops
 from trainer.loop import build_model_on, forward_backward, train_step
@@ -155,36 +156,39 @@ def profile_breakdown(fn) -> Dict[str, float]:
             "top_aten_ops": [f"{ms:8.2f} ms x{count:<4} {key} {shapes}" for ms, count, key, shapes in ops[:25]]}
 
 
-def capture_cuda_graph(fn):
-    """``fn`` recorded once into a CUDA graph; returns the graph's ``replay``.
+def time_graphed(model, optimizer, batch, autocast, device, settings: "StepBenchmark") -> dict:
+    """Median ms of the micro-step and of the full step as parallel.cuda_graph trains them, or the error.
 
-    Replaying launches every kernel of the recorded call with no Python, dispatcher or launch
-    overhead per kernel: what a host-bound step (the study model's) would take if the host were
-    free. Three warm-up calls run on a side stream first, as CUDA graph capture requires (lazy
-    initialization, autotuning and allocator growth must not happen while capturing). Anything
-    that synchronizes with the host inside ``fn`` makes the capture fail (the caller reports it).
+    The trainer's own ``GraphedMicroStep`` (trainer/cuda_graph.py): eager warm-up micro-steps, then
+    forward + backward recorded once and replayed on static inputs, gradients accumulated into
+    persistent buffers. The full step adds clipping, the loss read-back and AdamW (not graphed).
     """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    graphed = GraphedMicroStep(model, lambda micro_batch: forward_backward(model, micro_batch, autocast, device),
+                               device)
 
+    def micro_step():
+        graphed(batch, 0)
 
-def time_graphed(fn, settings: "StepBenchmark") -> dict:
-    """Median ms of ``fn`` replayed from one CUDA graph, or the capture's error."""
+    def full_step():
+        train_step(model, optimizer, itertools.repeat(batch), 1, autocast, device, 1.0, lambda: None,
+                   run_micro_step=graphed)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
     try:
-        replay = capture_cuda_graph(fn)
-        times = cuda_times_ms(replay, settings.warmup, settings.iters, synchronize_each=True)
-        return {"fwd_bwd_graph_ms": sorted(times)[len(times) // 2]}
-    except Exception as error:  # reported in the table: the capture is an experiment, not the step
+        for _ in range(graphed.warmup + 1):  # the last call records the graph, then replays it
+            micro_step()
+        torch.cuda.synchronize()
+        micro = cuda_times_ms(micro_step, settings.warmup, settings.iters, synchronize_each=True)
+        step = cuda_times_ms(full_step, 2, settings.iters, synchronize_each=True)
+        if graphed.captures != 1 or graphed.replays < settings.iters:
+            raise RuntimeError(f"expected one capture and replays, got {graphed.captures} and {graphed.replays}")
+        return {"fwd_bwd_graph_ms": sorted(micro)[len(micro) // 2], "step_graph_ms": sorted(step)[len(step) // 2]}
+    except Exception as error:  # reported in the table: the capture is an option, not the step
         torch.cuda.synchronize()
         return {"fwd_bwd_graph_error": f"{type(error).__name__}: {str(error)[:300]}"}
+    finally:
+        optimizer.zero_grad(set_to_none=True)
 
 
 @contextlib.contextmanager
@@ -247,8 +251,8 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
                             settings.iters, synchronize_each=True)
     step = cuda_times_ms(full_step, 2, settings.iters, synchronize_each=True)
     breakdown = profile_breakdown(fwd_bwd_only) if settings.profile else {}
-    optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients it writes in its own pool
-    graphed = time_graphed(fwd_bwd_only, settings) if settings.cuda_graph else {}
+    optimizer.zero_grad(set_to_none=True)
+    graphed = time_graphed(model, optimizer, batch, autocast, device, settings) if settings.cuda_graph else {}
     peak_memory_gib = torch.cuda.max_memory_allocated() / 2**30  # over everything above
     optimizer.zero_grad(set_to_none=True)
     activations_gib = activation_peak(fwd_bwd_only, model)
@@ -309,8 +313,11 @@ def render(results: List[dict]) -> str:
     for r in results:
         if "fwd_bwd_graph_ms" in r:
             ratio = r["fwd_bwd_graph_ms"] / graphed_base if graphed_base else float("nan")
-            lines.append(f"  {r['precision']} fwd+bwd replayed from one CUDA graph: {r['fwd_bwd_graph_ms']:.1f} ms "
-                         f"(without: {r['fwd_bwd_ms']:.1f} ms); {ratio:.2f}x bf16's graph")
+            step_part = (f"; full step {r['step_graph_ms']:.1f} ms (without: {r['step_ms']:.1f} ms)"
+                         if "step_graph_ms" in r else "")
+            lines.append(f"  {r['precision']} fwd+bwd replayed from one CUDA graph (parallel.cuda_graph): "
+                         f"{r['fwd_bwd_graph_ms']:.1f} ms (without: {r['fwd_bwd_ms']:.1f} ms); {ratio:.2f}x bf16's graph"
+                         f"{step_part}")
         elif "fwd_bwd_graph_error" in r:
             lines.append(f"  {r['precision']} CUDA graph capture failed: {r['fwd_bwd_graph_error']}")
     for r in results:

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--activation-checkpoint", default="none")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--cuda-graph", action="store_true",
-                        help="also time fwd+bwd replayed from one CUDA graph (what a host-bound step costs without the host)")
+                        help="also time the micro-step and the step as parallel.cuda_graph trains them (replayed from a CUDA graph)")
     parser.add_argument("--trainer-rng", action="store_true",
                         help="seed stochastic rounding per layer (plan.set_step), as training runs do")
     parser.add_argument("--override", action="append", default=[], help="extra config override (repeatable)")

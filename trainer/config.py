@@ -70,6 +70,9 @@ class ParallelConfig:
     """'none', 'full' (every block), or a set of block symbols to recompute, e.g. 'M-' or '*'."""
     compile: bool = False
     """torch.compile each block (eager fallbacks where a kernel does not trace)."""
+    cuda_graph: bool = False
+    """Record each micro-batch's forward + backward once in a CUDA graph and replay it (one process
+    on one GPU, no FSDP; 3-4x faster steps for small, host-bound models). trainer/cuda_graph.py."""
     device: str = "auto"
     """'auto' (cuda when available, else cpu), 'cuda' or 'cpu'."""
     collective_timeout_s: float = 600.0

@@ -40,6 +40,7 @@ from trainer.components import (
     evaluate,
 )
 from trainer.config import TrainConfig
+from trainer.cuda_graph import GraphedMicroStep, check_cuda_graph_supported
 from trainer.distributed import (
     DistEnv,
     all_reduce_mean,
@@ -127,6 +128,8 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback]) -> di
                        bf16_peak_flops(env.device) if env.device.type == "cuda" else None)
     diagnostics = QuantDiagnostics(model, plan, cfg.logging.quant_diagnostics_every, logger, run_dir, env.is_main)
     callbacks = [precision, DiagnosticsCallback(diagnostics), *user_callbacks]
+    run_micro_step = _graphed_micro_step(cfg, env, applied, plan, model, autocast, accumulation, diagnostics, state,
+                                         logger)
     ctx = StepContext(cfg, env, model, optimizer, state, logger)
     preemption = PreemptionFlag(env.device)
     status = "completed"
@@ -142,7 +145,8 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback]) -> di
             try:
                 loss, grad_norm = train_step(model, optimizer, loader, accumulation, autocast, env.device,
                                              cfg.optim.grad_clip, lambda: call(callbacks, "on_after_backward", ctx),
-                                             lambda micro: call(callbacks, "on_micro_step_start", ctx, micro))
+                                             lambda micro: call(callbacks, "on_micro_step_start", ctx, micro),
+                                             run_micro_step)
             except torch.OutOfMemoryError as error:
                 raise RuntimeError(f"step {state.step}: {OOM_ADVICE}") from error
 
@@ -280,6 +284,29 @@ def build_model_on(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     return model
 
 
+def _graphed_micro_step(cfg: TrainConfig, env: DistEnv, applied: dict, plan, model, autocast, accumulation: int,
+                        diagnostics: QuantDiagnostics, state: TrainState, logger: MetricsLogger):
+    """parallel.cuda_graph: train_step's micro-step replayed from a CUDA graph (None: run eagerly).
+
+    Steps with quantization diagnostics due run eagerly (their hooks are Python); the late BF16
+    switch is a new variant, recorded anew (trainer/cuda_graph.py). Each recording is an event.
+    """
+    if not cfg.parallel.cuda_graph:
+        return None
+    check_cuda_graph_supported(env, applied, plan.backend)
+    graphed = GraphedMicroStep(model, lambda batch: forward_backward(model, batch, autocast, env.device, accumulation),
+                               env.device)
+
+    def run_micro_step(batch, micro_step: int) -> torch.Tensor:
+        captures = graphed.captures
+        loss = graphed(batch, micro_step, eager=diagnostics.due(state.step), variant=plan.switched)
+        if graphed.captures != captures:
+            logger.event(state.step, "cuda_graph_recorded", micro_step=micro_step, switched_to_bf16=plan.switched)
+        return loss
+
+    return run_micro_step
+
+
 def forward_backward(model, batch, autocast, device: torch.device, accumulation: int = 1) -> torch.Tensor:
     """One micro-batch: forward, the fp32 loss divided by ``accumulation``, backward; the loss, detached.
 
@@ -297,10 +324,12 @@ def forward_backward(model, batch, autocast, device: torch.device, accumulation:
 
 def train_step(model, optimizer, loader, accumulation: int, autocast, device: torch.device,
                grad_clip: float, after_backward: Callable[[], None],
-               before_micro_step: Callable[[int], None] = lambda micro_step: None):
+               before_micro_step: Callable[[int], None] = lambda micro_step: None,
+               run_micro_step: Callable[[dict, int], torch.Tensor] | None = None):
     """Forward and backward over `accumulation` micro-batches; returns (mean loss, global grad norm).
 
     ``before_micro_step(i)`` runs before micro-batch i's forward (the stochastic-rounding seeds).
+    ``run_micro_step(batch, i)`` replaces `forward_backward` (parallel.cuda_graph replays it).
 
     The optimizer update is the caller's (it may be skipped). One host sync per step: the loss
     and the grad norm are read together to decide whether the update is applied.
@@ -311,7 +340,9 @@ def train_step(model, optimizer, loader, accumulation: int, autocast, device: to
         if set_sync is not None:
             set_sync(micro_step == accumulation - 1)  # reduce-scatter gradients once, at the end
         before_micro_step(micro_step)
-        loss_sum += forward_backward(model, next(loader), autocast, device, accumulation)
+        batch = next(loader)
+        loss_sum += (forward_backward(model, batch, autocast, device, accumulation) if run_micro_step is None
+                     else run_micro_step(batch, micro_step))
     after_backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"),
                                                foreach=device.type == "cuda")

@@ -125,6 +125,10 @@ def _validate_parallel(cfg: TrainConfig) -> None:
              parallel.dp_shard, "a positive integer or -1 (all ranks)")
     _require(_is_int(parallel.dp_replicate) and (parallel.dp_replicate >= 1 or parallel.dp_replicate == -1),
              "parallel.dp_replicate", parallel.dp_replicate, "a positive integer or -1")
+    if parallel.cuda_graph:  # the rest (world size, backend) is checked once they are known
+        _require(parallel.device != "cpu", "parallel.device", parallel.device, "'auto' or 'cuda' with parallel.cuda_graph")
+        _require(parallel.fsdp != "on", "parallel.fsdp", parallel.fsdp,
+                 "'auto' (one process) or 'off' with parallel.cuda_graph (collectives are not recorded)")
 
 
 def _validate_components(cfg: TrainConfig) -> None:

@@ -66,10 +66,11 @@ def test_render_shows_the_cuda_graph_rows_against_bf16s_graph():
 
     base = {"backend": "none", "step_ms": 1.0, "tokens_per_s": 1.0, "mfu": 0.1, "peak_memory_gib": 1.0}
     rows = [{**base, "precision": "bf16", "fwd_bwd_ms": 60.0, "fwd_bwd_graph_ms": 20.0},
-            {**base, "precision": "nvfp4", "fwd_bwd_ms": 90.0, "fwd_bwd_graph_ms": 30.0},
+            {**base, "precision": "nvfp4", "fwd_bwd_ms": 90.0, "fwd_bwd_graph_ms": 30.0, "step_graph_ms": 33.0},
             {**base, "precision": "fp8", "fwd_bwd_ms": 50.0, "fwd_bwd_graph_error": "RuntimeError: not capturable"}]
     text = render(rows)
-    assert "nvfp4 fwd+bwd replayed from one CUDA graph: 30.0 ms (without: 90.0 ms); 1.50x bf16's graph" in text
+    assert ("nvfp4 fwd+bwd replayed from one CUDA graph (parallel.cuda_graph): 30.0 ms (without: 90.0 ms); "
+            "1.50x bf16's graph; full step 33.0 ms (without: 1.0 ms)") in text
     assert "fp8 CUDA graph capture failed: RuntimeError: not capturable" in text
 
 
