@@ -109,21 +109,23 @@ def _capability(device: torch.device) -> Tuple[int, int]:
 
 def check_native_support(device: torch.device, kinds: Iterable[str], name: str = "") -> None:
     """Raise RuntimeError (naming the layer) unless GEMMs with these operand kinds can run here."""
-    where = f"layer {name!r}: " if name else ""
+    def where() -> str:  # formatted on failure only: torch.compile would guard on (recompile per) name
+        return f"layer {name!r}: " if name else ""
+
     kinds = set(kinds)
     if kinds - {"tensor"}:
         if not has_blockwise_scaled_mm():
-            raise RuntimeError(f"{where}blockwise FP8 GEMMs need {REQUIREMENT}; this is torch {torch.__version__}. "
+            raise RuntimeError(f"{where()}blockwise FP8 GEMMs need {REQUIREMENT}; this is torch {torch.__version__}. "
                                "Use precision.backend=emulated (or te)")
         if device.type != "cuda":
-            raise RuntimeError(f"{where}blockwise FP8 GEMMs need {REQUIREMENT}; the tensors are on {device}. "
+            raise RuntimeError(f"{where()}blockwise FP8 GEMMs need {REQUIREMENT}; the tensors are on {device}. "
                                "Use precision.backend=emulated")
         major, minor = _capability(device)
         if major != 9:
-            raise RuntimeError(f"{where}PyTorch runs the blockwise (1x128 / 128x128) FP8 GEMM on compute capability "
+            raise RuntimeError(f"{where()}PyTorch runs the blockwise (1x128 / 128x128) FP8 GEMM on compute capability "
                                f"9.x only; this GPU is {major}.{minor}. Use precision.backend=te or emulated")
     elif device.type == "cuda" and _capability(device) < (8, 9):
-        raise RuntimeError(f"{where}FP8 GEMMs need compute capability 8.9+; this GPU is "
+        raise RuntimeError(f"{where()}FP8 GEMMs need compute capability 8.9+; this GPU is "
                            f"{'.'.join(map(str, _capability(device)))}")
 
 
@@ -279,11 +281,36 @@ def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype) -> torch.Tens
         raise ValueError(f"fp8_gemm: reduction dims differ: a {list(a.data.shape)}, b {list(b.data.shape)}")
     if (a.kind, b.kind) not in SUPPORTED_PAIRS:
         raise ValueError(f"fp8_gemm: no native GEMM for {a.kind} x {b.kind}")
-    if a.kind == "tensor":
-        return torch._scaled_mm(a.data, b.data.t(), scale_a=a.scale, scale_b=b.scale, out_dtype=out_dtype)
+    return scaled_gemm(a.data, b.data.t(), a.scale, b.scale, a.kind, b.kind, out_dtype)
+
+
+# An opaque op for torch.compile: Dynamo cannot trace F.scaled_mm (torch 2.11 calls the untraceable
+# builtin torch._scaled_mm_v2), and a graph break inside the autograd function would send the whole
+# layer back to eager. The scale layouts are the GEMM's contract (module docstring), so Inductor must
+# hand the operands over with exactly these strides.
+_EXACT_STRIDES = getattr(torch._C.Tag, "needs_exact_strides", torch._C.Tag.needs_fixed_stride_order)
+
+
+def _torch_scaled_gemm(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, kind_a: str,
+                       kind_b: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """a [m, r] (row-major) times b_t [r, n] (column-major) -> [m, n]: torch's scaled GEMM for the kinds."""
+    if kind_a == "tensor":
+        return torch._scaled_mm(a, b_t, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
     # One scale tensor and one recipe per operand, passed as lists (the form every version takes).
-    return F.scaled_mm(a.data, b.data.t(), [a.scale], [_scaling_type(a.kind)], [b.scale], [_scaling_type(b.kind)],
+    return F.scaled_mm(a, b_t, [scale_a], [_scaling_type(kind_a)], [scale_b], [_scaling_type(kind_b)],
                        output_dtype=out_dtype)
+
+
+@torch.library.custom_op("hybrid_quant::fp8_scaled_gemm", mutates_args=(), tags=(_EXACT_STRIDES,))
+def scaled_gemm(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, kind_a: str,
+                kind_b: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """``_torch_scaled_gemm`` as one op that torch.compile records without looking inside."""
+    return _torch_scaled_gemm(a, b_t, scale_a, scale_b, kind_a, kind_b, out_dtype)
+
+
+# Traced on fake tensors, torch's own meta functions run: they check the operand and scale layouts
+# and give the output's shape and strides.
+scaled_gemm.register_fake(_torch_scaled_gemm)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,17 +327,18 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
         needs_wgrad = grad_enabled and ctx.needs_input_grad[1]
         dgrad = spec.dgrad if needs_dgrad else None
         wgrad = spec.wgrad if needs_wgrad else None
-        with torch.autocast(x.device.type, enabled=False):
-            # X [T, K]: rowwise for Fprop, X^T [K, T] along tokens for Wgrad, one kernel call.
-            x_op, x_t_op = quantize_operands(x2, spec.fprop.a if spec.fprop else None, wgrad.b if wgrad else None,
-                                             name=f"{name} (X)")
-            # W [N, K]: for Fprop, and W^T [K, N] for Dgrad (128x128: the same tiles), once per forward.
-            w_op, w_t_op = quantize_operands(weight, spec.fprop.b if spec.fprop else None, dgrad.b if dgrad else None,
-                                             name=f"{name} (W)")
-            if spec.fprop is None:
-                out = high_precision_gemm(x2, weight, compute_dtype)
-            else:
-                out = fp8_gemm(x_op, w_op, compute_dtype)
+        # Autocast is off here (QuantizedLinear.forward's autocast_off); no context of its own: one
+        # inside the autograd function makes Dynamo's tracing flip the global autocast state.
+        # X [T, K]: rowwise for Fprop, X^T [K, T] along tokens for Wgrad, one kernel call.
+        x_op, x_t_op = quantize_operands(x2, spec.fprop.a if spec.fprop else None, wgrad.b if wgrad else None,
+                                         name=f"{name} (X)")
+        # W [N, K]: for Fprop, and W^T [K, N] for Dgrad (128x128: the same tiles), once per forward.
+        w_op, w_t_op = quantize_operands(weight, spec.fprop.b if spec.fprop else None, dgrad.b if dgrad else None,
+                                         name=f"{name} (W)")
+        if spec.fprop is None:
+            out = high_precision_gemm(x2, weight, compute_dtype)
+        else:
+            out = fp8_gemm(x_op, w_op, compute_dtype)
         ctx.spec, ctx.name, ctx.compute_dtype = spec, name, compute_dtype
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.needs = (needs_dgrad, needs_wgrad)
@@ -333,24 +361,27 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
         w_t_kind, x_t_kind = ctx.kinds
         dy = grad_output.reshape(-1, grad_output.shape[-1])  # [T, N]
         grad_x = grad_weight = None
-        with torch.autocast(dy.device.type, enabled=False):
-            dgrad = spec.dgrad if needs_dgrad else None
-            wgrad = spec.wgrad if needs_wgrad else None
-            # dY [T, N]: rowwise for Dgrad, dY^T [N, T] along tokens for Wgrad, one kernel call.
-            dy_op, dy_t_op = quantize_operands(dy, dgrad.a if dgrad else None, wgrad.a if wgrad else None,
-                                               name=f"{name} (dY)")
-            if needs_dgrad:
-                if dgrad is None:
-                    grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
-                else:
-                    grad_x = fp8_gemm(dy_op, Fp8Operand(w_t_data, w_t_scale, w_t_kind), compute_dtype)
-                grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
-            if needs_wgrad:
-                if wgrad is None:
-                    grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
-                else:
-                    grad_weight = fp8_gemm(dy_t_op, Fp8Operand(x_t_data, x_t_scale, x_t_kind), compute_dtype)
-                grad_weight = grad_weight.to(ctx.weight_dtype)
+        # No autocast context here either (see forward). The backward may run under the caller's
+        # autocast (torch.compile traces it under the forward's): the FP8 GEMM is an opaque op that
+        # autocast leaves alone, high_precision_gemm switches autocast off itself, and the
+        # quantizers choose their dtypes explicitly.
+        dgrad = spec.dgrad if needs_dgrad else None
+        wgrad = spec.wgrad if needs_wgrad else None
+        # dY [T, N]: rowwise for Dgrad, dY^T [N, T] along tokens for Wgrad, one kernel call.
+        dy_op, dy_t_op = quantize_operands(dy, dgrad.a if dgrad else None, wgrad.a if wgrad else None,
+                                           name=f"{name} (dY)")
+        if needs_dgrad:
+            if dgrad is None:
+                grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
+            else:
+                grad_x = fp8_gemm(dy_op, Fp8Operand(w_t_data, w_t_scale, w_t_kind), compute_dtype)
+            grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
+        if needs_wgrad:
+            if wgrad is None:
+                grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
+            else:
+                grad_weight = fp8_gemm(dy_t_op, Fp8Operand(x_t_data, x_t_scale, x_t_kind), compute_dtype)
+            grad_weight = grad_weight.to(ctx.weight_dtype)
         return grad_x, grad_weight, None, None, None, None
 
 
@@ -403,13 +434,16 @@ class TorchFp8Linear(QuantizedLinear):
 
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
         # Traced by torch.compile like the rest of the block (no graph break): Dynamo records the
-        # Triton launches and scaled-mm calls, so a compiled block is one graph and can be captured
-        # in a CUDA graph. The GPU tests compare compiled (fullgraph) against eager bit for bit.
+        # Triton launches and the GEMM op (scaled_gemm), so a compiled block is one graph. The
+        # tests compare compiled (fullgraph) against eager bit for bit.
         running = self.gemms_to_check(x)
         kinds = [operand_kind(operand) for gemm in GEMMS if getattr(running, gemm) is not None
                  for operand in (getattr(running, gemm).a, getattr(running, gemm).b)]
         check_native_support(x.device, kinds, self.name)
-        return _TorchFp8LinearFunction.apply(x, self.weight, self.spec, self.name, compute_dtype, torch.is_grad_enabled())
+        # The name only labels errors; compiled, it is left out: an argument of the autograd
+        # function is a constant Dynamo guards on, so every layer would compile its own graph.
+        name = "" if torch.compiler.is_compiling() else self.name
+        return _TorchFp8LinearFunction.apply(x, self.weight, self.spec, name, compute_dtype, torch.is_grad_enabled())
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, native FP8"

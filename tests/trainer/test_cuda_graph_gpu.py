@@ -19,18 +19,22 @@ pytestmark = pytest.mark.gpu
 
 
 def test_graphed_training_matches_eager_on_cuda(tmp_path, data_cache):
-    overrides = tiny_overrides(data_cache, steps=10) + ["parallel.device=cuda", "precision.switch_to_bf16_at_step=6",
-                                                         "logging.quant_diagnostics_every=3"]
+    overrides = tiny_overrides(data_cache, steps=8) + ["parallel.device=cuda", "precision.switch_to_bf16_at_step=4",
+                                                        "logging.quant_diagnostics_every=3"]
     summaries = {}
     for graphed in (False, True):
         cfg = compose_train_config(overrides + [f"parallel.cuda_graph={str(graphed).lower()}"], tmp_path / str(graphed))
         summaries[graphed] = train(cfg)
+    assert [summaries[graphed]["status"] for graphed in (False, True)] == ["completed", "completed"]
     eager, graphed = summaries[False]["losses"], summaries[True]["losses"]
+    assert len(graphed) == len(eager) == 8
     assert all(math.isfinite(loss) for loss in graphed)
     for step, (got, want) in enumerate(zip(graphed, eager)):
         assert abs(got - want) <= 2e-3 * abs(want), f"step {step}: graphed {got} vs eager {want}"
     recorded = [(e["step"], e["micro_step"]) for e in read_jsonl(tmp_path / "True" / "events.jsonl")
                 if e["event"] == "cuda_graph_recorded"]
-    assert recorded == [(1, 1), (7, 1)]  # the first recording, then again after the BF16 switch
+    # Warm-up (0,0) (0,1) (1,0), recorded at (1,1); step 2 eager (diagnostics); BF16 from step 4:
+    # warm-up (4,0) (4,1) [step 5 eager, diagnostics] (6,0), recorded again at (6,1).
+    assert recorded == [(1, 1), (6, 1)]
     diagnostics = read_jsonl(tmp_path / "True" / "quant_diagnostics.jsonl")
-    assert [line["step"] for line in diagnostics] == [3, 6, 9]  # eager steps: the hooks recorded
+    assert [line["step"] for line in diagnostics] == [3, 6]  # eager steps: the hooks recorded

@@ -348,10 +348,13 @@ def test_per_tensor_kernel_shapes_it_takes():
     assert not fp8_kernels.supports_tensor_shape((0, 256), columns=False)  # the reference raises its own error
 
 
-def test_per_tensor_layer_compiles_fullgraph_and_matches_eager():
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_per_tensor_layer_compiles_fullgraph_and_matches_eager(autocast):
     """The layer traces whole under torch.compile (no graph break; once it was compiler-disabled,
-    which broke the FP8 slice's graph 17 times): forward and both gradients equal eager's. On the
-    CPU torch runs the per-tensor scaled GEMM; the GPU test covers Triton and the blockwise GEMMs."""
+    which broke the FP8 slice's graph 17 times): forward and both gradients equal eager's. Under
+    autocast too: an autocast context inside the autograd function once made Dynamo fail ("global
+    autocast state changed while tracing"). On the CPU torch runs the per-tensor scaled GEMM; the
+    GPU test covers the Triton quantizers and the blockwise GEMMs."""
     torch.manual_seed(0)
     native = TorchFp8Linear.from_linear(nn.Linear(128, 96, bias=True), fp8_tensor_linear_spec(), name="b")
     compiled = torch.compile(native, backend="aot_eager", fullgraph=True)
@@ -361,8 +364,9 @@ def test_per_tensor_layer_compiles_fullgraph_and_matches_eager():
     for module in (native, compiled):
         native.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_(True)
-        y = module(xi)
-        y.backward(grad_output)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = module(xi)
+        y.backward(grad_output.to(y.dtype))
         results.append((y.detach(), xi.grad, native.weight.grad.clone(), native.bias.grad.clone()))
     for name, got, want in zip(("Y", "dX", "dW", "db"), results[1], results[0]):
         assert torch.isfinite(want).all() and want.abs().sum() > 0, name
