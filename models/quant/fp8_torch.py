@@ -45,7 +45,8 @@ outputs equal the emulated ones to that accumulator's precision, not to fp32's: 
 bound the difference, and require equality on operands whose sums are exact on any accumulator.
 
 Not done here: weight quantization is not cached across micro-batches. Under ``torch.compile`` the
-layer is traced whole (its hand-written Triton kernels run as they are; Inductor fuses around them).
+layer traces whole (the GEMM is the custom op ``scaled_gemm``), but compiled blocks still break their
+graph around it (``TorchFp8Linear.TRACE_IN_COMPILED_BLOCKS``: Inductor fails on the whole block).
 
 Sources: TE ``transformer_engine/common/recipe/recipe_common.cuh`` and ``Float8BlockScaling``;
 PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` and ``test/test_scaled_matmul_cuda.py``
@@ -432,10 +433,24 @@ class TorchFp8Linear(QuantizedLinear):
                     raise ValueError(f"layer {self.name!r} ({gemm.capitalize()}, fp8_tensor): {dim_name} {size} is not a "
                                      "multiple of 16, which torch._scaled_mm needs; nothing is padded")
 
+    # Whether torch.compile traces the layer inside a compiled block. The layer traces whole (the GPU
+    # and CPU tests compile it with fullgraph=True and match eager bit for bit), but torch 2.11's
+    # Inductor fails on a whole study block that contains it (KeyError in
+    # Scheduler.compute_ancestors, H200, docs/performance.md), so blocks break their graph around it
+    # until that is solved. Tests switch it on.
+    TRACE_IN_COMPILED_BLOCKS = False
+
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-        # Traced by torch.compile like the rest of the block (no graph break): Dynamo records the
-        # Triton launches and the GEMM op (scaled_gemm), so a compiled block is one graph. The
-        # tests compare compiled (fullgraph) against eager bit for bit.
+        if self.TRACE_IN_COMPILED_BLOCKS:
+            return self._traced_matmul(x, compute_dtype)
+        return self._matmul_outside_the_graph(x, compute_dtype)
+
+    @torch.compiler.disable
+    def _matmul_outside_the_graph(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+        return self._traced_matmul(x, compute_dtype)
+
+    def _traced_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+        # Traceable by Dynamo: the Triton launches and the GEMM op (scaled_gemm) are recorded.
         running = self.gemms_to_check(x)
         kinds = [operand_kind(operand) for gemm in GEMMS if getattr(running, gemm) is not None
                  for operand in (getattr(running, gemm).a, getattr(running, gemm).b)]

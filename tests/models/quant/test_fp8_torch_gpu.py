@@ -342,9 +342,10 @@ def test_layer_makes_no_host_syncs():
 
 @pytest.mark.parametrize("spec_builder", [lambda: fp8_block_linear_spec(), lambda: fp8_tensor_linear_spec()],
                          ids=["blockwise", "tensor"])
-def test_layer_compiled_fullgraph_matches_eager(spec_builder):
+def test_layer_compiled_fullgraph_matches_eager(spec_builder, monkeypatch):
     """torch.compile traces the layer whole (Triton quantizers, scaled-mm GEMMs, no graph break;
     Inductor re-emits the user kernels from their source) and gives the eager results bit for bit."""
+    monkeypatch.setattr(TorchFp8Linear, "TRACE_IN_COMPILED_BLOCKS", True)  # off in blocks (see the class)
     native, _, linear = _layers(spec_builder(), dtype=torch.bfloat16)
     compiled = torch.compile(native, backend="inductor", fullgraph=True)
     x = _fresh(384, 640, torch.bfloat16, specials=False).reshape(3, 128, 640)
