@@ -436,8 +436,8 @@ class TorchFp8Linear(QuantizedLinear):
     # Whether torch.compile traces the layer inside a compiled block. The layer traces whole (the GPU
     # and CPU tests compile it with fullgraph=True and match eager bit for bit), but torch 2.11's
     # Inductor fails on a whole study block that contains it (KeyError in
-    # Scheduler.compute_ancestors, H200, docs/performance.md), so blocks break their graph around it
-    # until that is solved. Tests switch it on.
+    # Scheduler.compute_ancestors: pytorch/pytorch#189271, fixed upstream by #189288; H200 run O in
+    # docs/performance.md), so blocks break their graph around it until then. Tests switch it on.
     TRACE_IN_COMPILED_BLOCKS = False
 
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
