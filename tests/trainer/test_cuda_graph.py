@@ -98,7 +98,8 @@ def test_gradients_of_unused_parameters_stay_none():
     assert torch.equal(used.weight.grad, expected)
 
 
-def test_a_batch_of_another_shape_is_refused():
+def _one_linear(capture) -> GraphedMicroStep:
+    """A 4 -> 4 linear whose micro-step sums its output, behind GraphedMicroStep with one warm-up."""
     model = torch.nn.Linear(4, 4)
 
     def forward_backward(batch):
@@ -106,7 +107,11 @@ def test_a_batch_of_another_shape_is_refused():
         loss.backward()
         return loss.detach()
 
-    graphed = GraphedMicroStep(model, forward_backward, torch.device("cpu"), warmup=1, capture=StandInCapture())
+    return GraphedMicroStep(model, forward_backward, torch.device("cpu"), warmup=1, capture=capture)
+
+
+def test_a_batch_of_another_shape_is_refused():
+    graphed = _one_linear(StandInCapture())
     graphed({"inputs": torch.randn(2, 4), "labels": torch.zeros(2)}, 0)
     graphed({"inputs": torch.randn(2, 4), "labels": torch.zeros(2)}, 0)
     with pytest.raises(ValueError, match=r"batch\['inputs'\] is \(3, 4\)"):
@@ -114,17 +119,10 @@ def test_a_batch_of_another_shape_is_refused():
 
 
 def test_a_failed_capture_names_the_option():
-    model = torch.nn.Linear(4, 4)
-
-    def forward_backward(batch):
-        loss = model(batch["inputs"]).sum()
-        loss.backward()
-        return loss.detach()
-
     def failing_capture(fn):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    graphed = GraphedMicroStep(model, forward_backward, torch.device("cpu"), warmup=1, capture=failing_capture)
+    graphed = _one_linear(failing_capture)
     graphed({"inputs": torch.randn(2, 4), "labels": torch.zeros(2)}, 0)
     with pytest.raises(RuntimeError, match="parallel.cuda_graph=false"):
         graphed({"inputs": torch.randn(2, 4), "labels": torch.zeros(2)}, 0)
