@@ -181,8 +181,10 @@ def time_graphed(model, optimizer, batch, autocast, device, settings: "StepBench
         torch.cuda.synchronize()
         micro = cuda_times_ms(micro_step, settings.warmup, settings.iters, synchronize_each=True)
         step = cuda_times_ms(full_step, 2, settings.iters, synchronize_each=True)
-        if graphed.captures != 1 or graphed.replays < settings.iters:
-            raise RuntimeError(f"expected one capture and replays, got {graphed.captures} and {graphed.replays}")
+        expected_replays = 1 + (settings.warmup + settings.iters) + (2 + settings.iters)  # capture, micro, full
+        if (graphed.captures, graphed.replays) != (1, expected_replays):
+            raise RuntimeError(f"expected 1 recording and {expected_replays} replays, got {graphed.captures} and "
+                               f"{graphed.replays}")
         return {"fwd_bwd_graph_ms": sorted(micro)[len(micro) // 2], "step_graph_ms": sorted(step)[len(step) // 2]}
     except Exception as error:  # reported in the table: the capture is an option, not the step
         torch.cuda.synchronize()

@@ -1,10 +1,11 @@
 """parallel.cuda_graph: each micro-batch's forward + backward recorded once into a CUDA graph and replayed.
 
-Why: a small model (the study's 16 blocks at hidden 768) is host-bound. Its step launches
-~800 kernels in BF16 and ~1,400 in emulated NVFP4, and Python, the dispatcher and the launches
-take longer than the GPU does (docs/performance.md: the GPU idles 61 of 80 ms in BF16). Replaying
-a graph launches the recorded kernels with no host work per kernel: on the H200 the study step
-went from 55-78 to 19 ms in BF16 and from 111-135 to 34 ms in NVFP4.
+Why: a small model (the study model at micro-batch 32 x 1024 tokens) is host-bound. Its step
+launches ~800 kernels in BF16 and ~1,400 in emulated NVFP4, and Python, the dispatcher and the
+launches take longer than the GPU does (docs/performance.md: the GPU idles 61 of 80 ms in BF16).
+Replaying a graph launches the recorded kernels with no host work per kernel: on the H200 the
+study model's full training step went from 72.9 to 20.7 ms in BF16 and from 98.0 to 35.1 ms in
+NVFP4 (run N).
 
 What a replay does and does not do. A replay re-runs the recorded kernels on the same memory,
 reading whatever those tensors hold now; no Python runs. So:
@@ -26,14 +27,15 @@ Where the graph cannot hold, the micro-step runs eagerly (the same compiled bloc
 - a change of ``variant`` (the late switch to BF16 changes which GEMMs quantize): the graph is
   dropped and recaptured after a new warm-up.
 
-Refused (``check_cuda_graph_supported``): several processes or FSDP (collectives and resharding
-are outside what one recorded graph reproduces), a device other than CUDA, and Transformer
-Engine's backend (its FP8 state is updated on the host). A capture that fails (something in the
+Refused (``check_cuda_graph_supported``, and trainer/validate.py for what the config alone
+decides): several processes or FSDP (collectives and resharding are outside what one recorded
+graph reproduces), a device other than CUDA, Transformer Engine's backend (its FP8 state is
+updated on the host), and activation checkpointing (its recomputation under a graph is untested). A capture that fails (something in the
 step synchronizes with the host, e.g. the torch fallback of stochastic rounding reading a seed)
 raises an error naming the option.
 
 Memory: the graph keeps its activations and temporaries in a private pool for the whole run;
-an eager micro-step (diagnostics) allocates its own on top.
+an eager micro-step (diagnostics) and evaluation allocate theirs on top of it.
 
 Source: PyTorch's CUDA graphs notes ("whole-network capture", "usage with multiple streams"),
 ``torch.cuda.graph`` and ``torch.cuda.CUDAGraph``.
@@ -105,8 +107,13 @@ class GraphedMicroStep:
         self._params_with_grads: list[torch.nn.Parameter] = []  # after the last eager micro-step
 
     def __call__(self, batch: dict, micro_step: int, *, eager: bool = False, variant: Hashable = None) -> torch.Tensor:
+        """One micro-step: eager, or replayed. ``variant`` names the Python state the graph freezes
+        beyond the model's own mode (the plan's BF16 switch): a new value records anew. Anything
+        else that changes what the forward runs between steps must change it too."""
+        variant = (variant, self.model.training)
         if variant != self._variant:  # e.g. the late BF16 switch: other kernels, other compiled graphs
             self._replay, self._variant, self._eager_since_change = None, variant, 0
+            self._loss = None  # the dropped graph's pool is freed with its last reference
         if micro_step == 0 and self._grads is not None:
             self._restore_zeroed_grads()
         if eager or (self._replay is None and self._eager_since_change < self.warmup):
@@ -116,10 +123,13 @@ class GraphedMicroStep:
                 self._eager_since_change += 1
             return loss
         self._load(batch)
-        if self._replay is None:
+        first_replay = self._replay is None
+        if first_replay:
             self._record()
         self._replay()
         self.replays += 1
+        if first_replay:
+            self._check_gradient_buffers()
         return self._loss
 
     # ------------------------------------------------------------------------------------ parts
@@ -158,13 +168,27 @@ class GraphedMicroStep:
 
         try:
             self._replay = (self.capture or capture_cuda_graph)(step)
+        except torch.OutOfMemoryError:
+            raise  # the loop's out-of-memory advice applies as it is
         except Exception as error:
             raise RuntimeError(
                 "parallel.cuda_graph: recording the forward + backward into a CUDA graph failed "
-                f"({type(error).__name__}: {error}). Something in the step synchronizes with the host "
-                "(for example stochastic rounding without the Triton kernels reads its seed on the host); "
-                "run with parallel.cuda_graph=false") from error
+                f"({type(error).__name__}: {error}). Something in the step cannot be recorded, e.g. a "
+                "synchronization with the host (stochastic rounding without the Triton kernels reads its "
+                "seed on the host); run with parallel.cuda_graph=false") from error
         self.captures += 1
+
+    def _check_gradient_buffers(self) -> None:
+        """Every gradient the graph wrote lives in a persistent buffer: a parameter whose gradient
+        appeared only while recording would hold memory of the graph's pool, never put back after
+        the loop's zero_grad(set_to_none=True): it would silently stop training."""
+        buffered = {id(param) for param, _ in self._grads}
+        strays = [name for name, param in self.model.named_parameters()
+                  if param.grad is not None and id(param) not in buffered]
+        if strays:
+            raise RuntimeError(f"parallel.cuda_graph: {len(strays)} parameter(s) received a gradient only in the "
+                               f"recorded step, not in the warm-up (first: {strays[0]}); run with "
+                               "parallel.cuda_graph=false")
 
     def _restore_zeroed_grads(self) -> None:
         """Put the persistent gradient buffers back on their parameters, zeroed (micro-step 0)."""

@@ -96,6 +96,8 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback]) -> di
     model = build_model_on(cfg, env.device)
     plan = apply_precision(model, cfg.precision, device=env.device)
     applied = parallelize(model, cfg.parallel, env)
+    if cfg.parallel.cuda_graph:  # refused here, before any log file or W&B run is opened
+        check_cuda_graph_supported(env, applied, plan.backend)
     autocast = (torch.autocast(env.device.type, dtype=applied["autocast_dtype"])
                 if applied["autocast_dtype"] is not None else contextlib.nullcontext())
     optimizer = build_optimizer(model, cfg.optim, env.device)
@@ -128,8 +130,7 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback]) -> di
                        bf16_peak_flops(env.device) if env.device.type == "cuda" else None)
     diagnostics = QuantDiagnostics(model, plan, cfg.logging.quant_diagnostics_every, logger, run_dir, env.is_main)
     callbacks = [precision, DiagnosticsCallback(diagnostics), *user_callbacks]
-    run_micro_step = _graphed_micro_step(cfg, env, applied, plan, model, autocast, accumulation, diagnostics, state,
-                                         logger)
+    run_micro_step = _graphed_micro_step(cfg, env, plan, model, autocast, accumulation, diagnostics, state, logger)
     ctx = StepContext(cfg, env, model, optimizer, state, logger)
     preemption = PreemptionFlag(env.device)
     status = "completed"
@@ -284,7 +285,7 @@ def build_model_on(cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
     return model
 
 
-def _graphed_micro_step(cfg: TrainConfig, env: DistEnv, applied: dict, plan, model, autocast, accumulation: int,
+def _graphed_micro_step(cfg: TrainConfig, env: DistEnv, plan, model, autocast, accumulation: int,
                         diagnostics: QuantDiagnostics, state: TrainState, logger: MetricsLogger):
     """parallel.cuda_graph: train_step's micro-step replayed from a CUDA graph (None: run eagerly).
 
@@ -293,7 +294,6 @@ def _graphed_micro_step(cfg: TrainConfig, env: DistEnv, applied: dict, plan, mod
     """
     if not cfg.parallel.cuda_graph:
         return None
-    check_cuda_graph_supported(env, applied, plan.backend)
     graphed = GraphedMicroStep(model, lambda batch: forward_backward(model, batch, autocast, env.device, accumulation),
                                env.device)
 

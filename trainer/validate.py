@@ -129,6 +129,8 @@ def _validate_parallel(cfg: TrainConfig) -> None:
         _require(parallel.device != "cpu", "parallel.device", parallel.device, "'auto' or 'cuda' with parallel.cuda_graph")
         _require(parallel.fsdp != "on", "parallel.fsdp", parallel.fsdp,
                  "'auto' (one process) or 'off' with parallel.cuda_graph (collectives are not recorded)")
+        _require(parallel.activation_checkpoint == "none", "parallel.activation_checkpoint",
+                 parallel.activation_checkpoint, "'none' with parallel.cuda_graph (not tested together)")
 
 
 def _validate_components(cfg: TrainConfig) -> None:

@@ -128,6 +128,39 @@ def test_a_failed_capture_names_the_option():
         graphed({"inputs": torch.randn(2, 4), "labels": torch.zeros(2)}, 0)
 
 
+def test_out_of_memory_while_recording_stays_out_of_memory():
+    """The loop turns torch.OutOfMemoryError into its advice; the capture must not rename it."""
+    def capture_out_of_memory(fn):
+        raise torch.OutOfMemoryError("CUDA out of memory while capturing")
+
+    graphed = _one_linear(capture_out_of_memory)
+    graphed({"inputs": torch.randn(2, 4), "labels": torch.zeros(2)}, 0)
+    with pytest.raises(torch.OutOfMemoryError):
+        graphed({"inputs": torch.randn(2, 4), "labels": torch.zeros(2)}, 0)
+
+
+def test_a_gradient_first_seen_in_the_recorded_step_is_refused():
+    """Its .grad would live in the graph's pool and never be put back after zero_grad(set_to_none)."""
+    first, late = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    model = torch.nn.ModuleDict({"first": first, "late": late})
+    calls = []
+
+    def forward_backward(batch):
+        calls.append(1)
+        out = first(batch["inputs"])
+        if len(calls) > 1:  # the warm-up (call 1) leaves `late` out
+            out = late(out)
+        loss = out.sum()
+        loss.backward()
+        return loss.detach()
+
+    graphed = GraphedMicroStep(model, forward_backward, torch.device("cpu"), warmup=1, capture=StandInCapture())
+    graphed({"inputs": torch.randn(2, 4), "labels": torch.zeros(2)}, 0)
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(RuntimeError, match=r"late\.weight"):
+        graphed({"inputs": torch.randn(2, 4), "labels": torch.zeros(2)}, 0)
+
+
 def test_where_cuda_graphs_are_refused(tmp_path, data_cache):
     cuda = torch.device("cuda")
     with pytest.raises(ValueError, match="CUDA device"):
@@ -143,6 +176,9 @@ def test_where_cuda_graphs_are_refused(tmp_path, data_cache):
     with pytest.raises(ConfigError, match="parallel.fsdp"):
         train(compose_train_config(tiny_overrides(data_cache) + ["parallel.cuda_graph=true", "parallel.fsdp=on"],
                                    tmp_path))
+    with pytest.raises(ConfigError, match="parallel.activation_checkpoint"):
+        train(compose_train_config(tiny_overrides(data_cache) + ["parallel.cuda_graph=true",
+                                                                 "parallel.activation_checkpoint=full"], tmp_path))
     if not torch.cuda.is_available():  # device auto resolves to the CPU here: refused once known
         with pytest.raises(ValueError, match="needs a CUDA device"):
             train(compose_train_config(tiny_overrides(data_cache) + ["parallel.cuda_graph=true"], tmp_path / "auto"))

@@ -384,8 +384,10 @@ def test_compiled_blocks_keep_the_layer_out_of_their_graph():
     x = torch.randn(32, 128)
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(lambda inputs: native(inputs * 2.0) + 1.0, backend="aot_eager")
-    with torch.no_grad():
-        assert torch.equal(compiled(x), native(x * 2.0) + 1.0)
-    assert sum(counters["graph_break"].values()) >= 1
-    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(lambda inputs: native(inputs * 2.0) + 1.0, backend="aot_eager")
+        with torch.no_grad():
+            assert torch.equal(compiled(x), native(x * 2.0) + 1.0)
+        assert sum(counters["graph_break"].values()) >= 1
+    finally:
+        torch._dynamo.reset()
