@@ -226,15 +226,44 @@ def _value_for_inf(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
+# No buffer is passed to a kernel twice, and codes are written as uint8 and viewed as E4M3 after
+# the launch: Inductor (torch 2.11) failed to compile blocks whose FP8 kernels wrote through
+# aliased arguments (pytorch/pytorch#189271, docs/performance.md run O).
 def _scales_1x128(operand_rows: int, reduction: int, device) -> torch.Tensor:
-    """Uninitialized 1x128 decode scales of an operand [operand_rows, reduction] in GEMM layout."""
+    """Uninitialized 1x128 decode scales of an operand [operand_rows, reduction] in GEMM layout:
+    [rows, reduction/128] with strides (1, rows). Allocated as the transpose of a contiguous tensor:
+    torch 2.11's functionalization of a Triton kernel's outputs lost the strides of an
+    ``empty_strided`` buffer (the scaled-GEMM meta check then failed, session 9 run 1)."""
     return torch.empty(reduction // BLOCK, operand_rows, dtype=torch.float32, device=device).t()
 
 
 def _scales_128x128(operand_rows: int, reduction: int, device) -> torch.Tensor:
-    """Zeroed 128x128 decode scales of an operand [operand_rows, reduction] in GEMM layout."""
+    """Zeroed 128x128 decode scales of an operand [operand_rows, reduction] in GEMM layout:
+    [L4, rows/128] with strides (1, L4), L4 = round_up(reduction/128, 4) (allocated as above)."""
     padded = round_up(reduction // BLOCK, 4)
     return torch.zeros(operand_rows // BLOCK, padded, dtype=torch.float32, device=device).t()
+
+
+def _unused(device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scales) for pointer arguments a launch never touches (its constexpr branch is compiled
+    out): one-element buffers of their own, so that no output is passed twice."""
+    return torch.empty(1, dtype=torch.uint8, device=device), torch.empty(1, dtype=torch.float32, device=device)
+
+
+def _block_outputs(num_rows: int, num_cols: int, tile_2d: bool, rows: bool, columns: bool, device):
+    """fp8_block_quantize's uninitialized outputs for x [num_rows, num_cols]: (row codes [R, C] uint8,
+    row scales, column codes [C, R] uint8, column scales), None where not asked; the fake
+    implementation of ``block_quantize_op`` allocates the same."""
+    make_scales = _scales_128x128 if tile_2d else _scales_1x128
+    row_codes = torch.empty(num_rows, num_cols, dtype=torch.uint8, device=device) if rows else None
+    row_scales = make_scales(num_rows, num_cols, device) if rows else None
+    col_codes = torch.empty(num_cols, num_rows, dtype=torch.uint8, device=device) if columns else None
+    col_scales = make_scales(num_cols, num_rows, device) if columns else None
+    return row_codes, row_scales, col_codes, col_scales
+
+
+def _as_e4m3(codes: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if codes is None else codes.view(torch.float8_e4m3fn)
 
 
 def fp8_block_quantize(
@@ -266,37 +295,24 @@ def fp8_block_quantize(
     if mask_rows and (tile_2d or columns):
         raise ValueError(f"{where}leading dim {num_rows} is not a multiple of {BLOCK} (shape {list(x.shape)}); "
                          f"128x128 tiles and the transposed orientation need it")
-    device = x.device
-    row_codes = row_scales = col_codes = col_scales = None
+    row_codes, row_scales, col_codes, col_scales = _block_outputs(num_rows, num_cols, tile_2d, rows, columns,
+                                                                  x.device)
     if rows:
-        row_codes = torch.empty(num_rows, num_cols, dtype=torch.float8_e4m3fn, device=device)
-        if tile_2d:
-            row_scales = _scales_128x128(num_rows, num_cols, device)
-            # storage [R/128, L4]: tile (i, j) at i * L4 + j
-            row_strides = (row_scales.stride(1), 1)
-        else:
-            row_scales = _scales_1x128(num_rows, num_cols, device)
-            # storage [C/128, R]: row r, block j at j * R + r
-            row_strides = (1, num_rows)
+        # 2D: storage [R/128, L4], tile (i, j) at i * L4 + j; 1D: storage [C/128, R], row r, block j
+        # at j * R + r
+        row_strides = (row_scales.stride(1), 1) if tile_2d else (1, num_rows)
     if columns:
-        col_codes = torch.empty(num_cols, num_rows, dtype=torch.float8_e4m3fn, device=device)
-        if tile_2d:
-            col_scales = _scales_128x128(num_cols, num_rows, device)
-            # storage [C/128, L4(R/128)]: tile (i, j) of x is tile (j, i) of x^T, at j * L4 + i
-            col_strides = (col_scales.stride(1), 1)
-        else:
-            col_scales = _scales_1x128(num_cols, num_rows, device)
-            # storage [R/128, C]: column c, block i at i * C + c
-            col_strides = (1, num_cols)
-    # Unused pointers get a real tensor (never written: the constexpr branch is compiled out).
-    dummy_codes = (row_codes if row_codes is not None else col_codes).view(torch.uint8)
-    dummy_scales = row_scales if row_scales is not None else col_scales
-    row_args = (row_codes.view(torch.uint8), row_scales, *row_strides) if rows else (dummy_codes, dummy_scales, 0, 0)
-    col_args = (col_codes.view(torch.uint8), col_scales, *col_strides) if columns else (dummy_codes, dummy_scales, 0, 0)
-    _launch(x, row_args, col_args, (_value_for_inf(x.dtype), dummy_scales, dummy_scales), rows=rows, columns=columns,
-            tile_2d=tile_2d, tensor_scale=False, rows_power_of_two=rows_power_of_two,
+        # 2D: storage [C/128, L4(R/128)], tile (i, j) of x is tile (j, i) of x^T, at j * L4 + i;
+        # 1D: storage [R/128, C], column c, block i at i * C + c
+        col_strides = (col_scales.stride(1), 1) if tile_2d else (1, num_cols)
+    device = x.device
+    unused_codes, unused_scales = _unused(device)
+    row_args = (row_codes, row_scales, *row_strides) if rows else (unused_codes, unused_scales, 0, 0)
+    col_args = (col_codes, col_scales, *col_strides) if columns else (unused_codes, unused_scales, 0, 0)
+    _launch(x, row_args, col_args, (_value_for_inf(x.dtype), unused_scales, unused_scales), rows=rows,
+            columns=columns, tile_2d=tile_2d, tensor_scale=False, rows_power_of_two=rows_power_of_two,
             columns_power_of_two=columns_power_of_two, num_warps=num_warps, two_pass=two_pass)
-    return row_codes, row_scales, col_codes, col_scales
+    return _as_e4m3(row_codes), row_scales, _as_e4m3(col_codes), col_scales
 
 
 FLT_MAX = float(torch.finfo(torch.float32).max)
@@ -323,17 +339,83 @@ def fp8_tensor_quantize(
     device = x.device
     # max |x| is exact in any order and dtype; NaN propagates (the kernel reads it as +Inf).
     amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1)
-    decode = torch.empty(1, dtype=torch.float32, device=device)
-    row_codes = torch.empty(num_rows, num_cols, dtype=torch.float8_e4m3fn, device=device) if rows else None
-    col_codes = torch.empty(num_cols, num_rows, dtype=torch.float8_e4m3fn, device=device) if columns else None
-    dummy_codes = (row_codes if rows else col_codes).view(torch.uint8)
-    _launch(x, (row_codes.view(torch.uint8) if rows else dummy_codes, decode, 0, 0),
-            (col_codes.view(torch.uint8) if columns else dummy_codes, decode, 0, 0), (FLT_MAX, amax, decode),
+    decode = torch.empty((), dtype=torch.float32, device=device)  # written by the first program
+    row_codes = torch.empty(num_rows, num_cols, dtype=torch.uint8, device=device) if rows else None
+    col_codes = torch.empty(num_cols, num_rows, dtype=torch.uint8, device=device) if columns else None
+    unused_codes, unused_scales = _unused(device)
+    _launch(x, (row_codes if rows else unused_codes, unused_scales, 0, 0),
+            (col_codes if columns else unused_codes, unused_scales, 0, 0), (FLT_MAX, amax, decode),
             rows=rows, columns=columns, tile_2d=False, tensor_scale=True, rows_power_of_two=False,
             columns_power_of_two=False, num_warps=num_warps, two_pass=two_pass)
-    return row_codes, col_codes, decode.reshape(())
+    return _as_e4m3(row_codes), _as_e4m3(col_codes), decode
 
 
 def supports_tensor_shape(shape, columns: bool) -> bool:
     """Whether fp8_tensor_quantize takes a tensor of this shape (else the torch reference runs)."""
     return shape[0] > 0 and shape[1] % BLOCK == 0 and (not columns or shape[0] % BLOCK == 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Opaque ops for torch.compile
+#
+# Traced by Dynamo, the kernels above become Triton launches that mutate their fresh output
+# buffers, and torch 2.11's Inductor failed on whole FP8 blocks built that way: a self-copy of a
+# mutated buffer and then KeyError in Scheduler.compute_ancestors (pytorch/pytorch#189271, fixed
+# after 2.11; docs/performance.md, session 9). As custom ops that return new tensors there is no
+# mutation in the graph. Only compiled code calls them (eager skips the op dispatch, as the FP8 GEMM
+# does); the fake implementations allocate exactly what the kernels return, so the strides the
+# compiled graph assumes are the real ones.
+
+
+def _present(tensor: Optional[torch.Tensor], device) -> torch.Tensor:
+    """An op's output that was not asked for: an empty tensor (custom ops return no None)."""
+    return torch.empty(0, device=device) if tensor is None else tensor
+
+
+def _optional(tensor: torch.Tensor, asked: bool) -> Optional[torch.Tensor]:
+    return tensor if asked else None
+
+
+@torch.library.custom_op("hybrid_quant::fp8_block_quantize", mutates_args=())
+def _block_quantize_op(x: torch.Tensor, tile_2d: bool, rows: bool, columns: bool, rows_power_of_two: bool,
+                       columns_power_of_two: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs = fp8_block_quantize(x, tile_2d=tile_2d, rows=rows, columns=columns, rows_power_of_two=rows_power_of_two,
+                                 columns_power_of_two=columns_power_of_two, name="<compiled layer>")
+    return tuple(_present(t, x.device) for t in outputs)
+
+
+@_block_quantize_op.register_fake
+def _block_quantize_fake(x, tile_2d, rows, columns, rows_power_of_two, columns_power_of_two):
+    row_codes, row_scales, col_codes, col_scales = _block_outputs(x.shape[0], x.shape[1], tile_2d, rows, columns,
+                                                                  x.device)
+    return _present(_as_e4m3(row_codes), x.device), _present(row_scales, x.device), \
+        _present(_as_e4m3(col_codes), x.device), _present(col_scales, x.device)
+
+
+def block_quantize_op(x: torch.Tensor, *, tile_2d: bool, rows: bool, columns: bool, rows_power_of_two: bool = True,
+                      columns_power_of_two: bool = True):
+    """``fp8_block_quantize`` (default kernel settings) as one opaque op for compiled code."""
+    row_codes, row_scales, col_codes, col_scales = _block_quantize_op(x, tile_2d, rows, columns, rows_power_of_two,
+                                                                      columns_power_of_two)
+    return (_optional(row_codes, rows), _optional(row_scales, rows), _optional(col_codes, columns),
+            _optional(col_scales, columns))
+
+
+@torch.library.custom_op("hybrid_quant::fp8_tensor_quantize", mutates_args=())
+def _tensor_quantize_op(x: torch.Tensor, rows: bool, columns: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    row_codes, col_codes, decode = fp8_tensor_quantize(x, rows=rows, columns=columns, name="<compiled layer>")
+    return _present(row_codes, x.device), _present(col_codes, x.device), decode
+
+
+@_tensor_quantize_op.register_fake
+def _tensor_quantize_fake(x, rows, columns):
+    num_rows, num_cols = x.shape
+    row_codes = torch.empty(num_rows, num_cols, dtype=torch.float8_e4m3fn, device=x.device) if rows else None
+    col_codes = torch.empty(num_cols, num_rows, dtype=torch.float8_e4m3fn, device=x.device) if columns else None
+    return _present(row_codes, x.device), _present(col_codes, x.device), torch.empty((), device=x.device)
+
+
+def tensor_quantize_op(x: torch.Tensor, *, rows: bool, columns: bool):
+    """``fp8_tensor_quantize`` (default kernel settings) as one opaque op for compiled code."""
+    row_codes, col_codes, decode = _tensor_quantize_op(x, rows, columns)
+    return _optional(row_codes, rows), _optional(col_codes, columns), decode

@@ -44,9 +44,9 @@ Mikaitis 2025 model it as e8m13); the block sums are then scaled and added in fp
 outputs equal the emulated ones to that accumulator's precision, not to fp32's: the GPU tests
 bound the difference, and require equality on operands whose sums are exact on any accumulator.
 
-Not done here: weight quantization is not cached across micro-batches. Under ``torch.compile`` the
-layer traces whole (the GEMM is the custom op ``scaled_gemm``), but compiled blocks still break their
-graph around it (``TorchFp8Linear.TRACE_IN_COMPILED_BLOCKS``: Inductor fails on the whole block).
+Under ``torch.compile`` the layer traces whole inside compiled blocks: the quantizers and the GEMM
+are custom ops opaque to Inductor (``fp8_kernels.block_quantize_op`` and ``tensor_quantize_op``,
+``scaled_gemm``). Not done here: weight quantization is not cached across micro-batches.
 
 Sources: TE ``transformer_engine/common/recipe/recipe_common.cuh`` and ``Float8BlockScaling``;
 PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` and ``test/test_scaled_matmul_cuda.py``
@@ -55,6 +55,7 @@ PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` and ``test/test_scaled_matm
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
@@ -248,8 +249,12 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
     kind = rows_kind or columns_kind
     if kind == "tensor":
         if fp8_kernels.supports(tensor) and fp8_kernels.supports_tensor_shape(tensor.shape, columns is not None):
-            row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(
-                tensor, rows=rows is not None, columns=columns is not None, name=name)
+            if torch.compiler.is_compiling():  # opaque to Inductor (fp8_kernels: pytorch#189271)
+                row_codes, col_codes, decode = fp8_kernels.tensor_quantize_op(
+                    tensor, rows=rows is not None, columns=columns is not None)
+            else:
+                row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(
+                    tensor, rows=rows is not None, columns=columns is not None, name=name)
             return (Fp8Operand(row_codes, decode, "tensor") if rows is not None else None,
                     Fp8Operand(col_codes, decode, "tensor") if columns is not None else None)
         operand = quantize_reference(tensor, "tensor")
@@ -258,10 +263,13 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
             transposed = Fp8Operand(operand.data.t().contiguous(), operand.scale, "tensor")
         return (operand if rows is not None else None), transposed
     if fp8_kernels.supports(tensor):
-        row_codes, row_scales, col_codes, col_scales = fp8_kernels.fp8_block_quantize(
+        # Compiled code calls the kernel through an op opaque to Inductor (fp8_kernels: pytorch#189271).
+        quantize = fp8_kernels.block_quantize_op if torch.compiler.is_compiling() else functools.partial(
+            fp8_kernels.fp8_block_quantize, name=name)
+        row_codes, row_scales, col_codes, col_scales = quantize(
             tensor, tile_2d=kind == "128x128", rows=rows is not None, columns=columns is not None,
             rows_power_of_two=rows is not None and rows.power_of_two_scales,
-            columns_power_of_two=columns is not None and columns.power_of_two_scales, name=name,
+            columns_power_of_two=columns is not None and columns.power_of_two_scales,
         )
         return (Fp8Operand(row_codes, row_scales, kind) if rows is not None else None,
                 Fp8Operand(col_codes, col_scales, kind) if columns is not None else None)
@@ -311,9 +319,16 @@ def scaled_gemm(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale
     return _torch_scaled_gemm(a, b_t, scale_a, scale_b, kind_a, kind_b, out_dtype)
 
 
-# Traced on fake tensors, torch's own meta functions run: they check the operand and scale layouts
-# and give the output's shape and strides.
-scaled_gemm.register_fake(_torch_scaled_gemm)
+@scaled_gemm.register_fake
+def _scaled_gemm_fake(a, b_t, scale_a, scale_b, kind_a, kind_b, out_dtype):
+    """Traced on fake tensors, torch's own meta functions run: they check the operand and scale
+    layouts and give the output's shape and strides. Their message prints no strides; this one does."""
+    try:
+        return _torch_scaled_gemm(a, b_t, scale_a, scale_b, kind_a, kind_b, out_dtype)
+    except RuntimeError as error:
+        layouts = ", ".join(f"{label} {tuple(t.shape)} strides {t.stride()} {t.dtype}" for label, t in
+                            (("a", a), ("b_t", b_t), ("scale_a", scale_a), ("scale_b", scale_b)))
+        raise RuntimeError(f"fp8_scaled_gemm ({kind_a} x {kind_b}) traced with {layouts}: {error}") from error
 
 
 # ----------------------------------------------------------------------------------------------
@@ -435,24 +450,9 @@ class TorchFp8Linear(QuantizedLinear):
                     raise ValueError(f"layer {self.name!r} ({gemm.capitalize()}, fp8_tensor): {dim_name} {size} is not a "
                                      "multiple of 16, which torch._scaled_mm needs; nothing is padded")
 
-    # Whether torch.compile traces the layer inside a compiled block. The layer traces whole (the GPU
-    # and CPU tests compile it with fullgraph=True and match eager bit for bit), but torch 2.11's
-    # Inductor fails on a whole study block that contains it (KeyError in
-    # Scheduler.compute_ancestors: pytorch/pytorch#189271, fixed upstream by #189288; H200 run O in
-    # docs/performance.md), so blocks break their graph around it until then. Tests switch it on.
-    TRACE_IN_COMPILED_BLOCKS = False
-
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-        if self.TRACE_IN_COMPILED_BLOCKS:
-            return self._traced_matmul(x, compute_dtype)
-        return self._matmul_outside_the_graph(x, compute_dtype)
-
-    @torch.compiler.disable
-    def _matmul_outside_the_graph(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-        return self._traced_matmul(x, compute_dtype)
-
-    def _traced_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-        # Traceable by Dynamo: the Triton launches and the GEMM op (scaled_gemm) are recorded.
+        # Traceable by Dynamo inside compiled blocks: the quantizers (fp8_kernels' opaque ops) and the
+        # GEMM op (scaled_gemm) are recorded, with no graph break.
         running = self.gemms_to_check(x)
         kinds = [operand_kind(operand) for gemm in GEMMS if getattr(running, gemm) is not None
                  for operand in (getattr(running, gemm).a, getattr(running, gemm).b)]

@@ -349,13 +349,12 @@ def test_per_tensor_kernel_shapes_it_takes():
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
-def test_per_tensor_layer_compiles_fullgraph_and_matches_eager(autocast, monkeypatch):
-    """The layer traces whole under torch.compile (no graph break; compiled blocks still keep it out
-    of their graph, TRACE_IN_COMPILED_BLOCKS): forward and both gradients equal eager's. Under
+def test_per_tensor_layer_compiles_fullgraph_and_matches_eager(autocast):
+    """The layer traces whole under torch.compile (no graph break): forward and both gradients equal
+    eager's. Under
     autocast too: an autocast context inside the autograd function once made Dynamo fail ("global
     autocast state changed while tracing"). On the CPU torch runs the per-tensor scaled GEMM; the
     GPU test covers the Triton quantizers and the blockwise GEMMs."""
-    monkeypatch.setattr(TorchFp8Linear, "TRACE_IN_COMPILED_BLOCKS", True)
     torch.manual_seed(0)
     native = TorchFp8Linear.from_linear(nn.Linear(128, 96, bias=True), fp8_tensor_linear_spec(), name="b")
     compiled = torch.compile(native, backend="aot_eager", fullgraph=True)
@@ -374,20 +373,15 @@ def test_per_tensor_layer_compiles_fullgraph_and_matches_eager(autocast, monkeyp
         assert torch.equal(got, want), f"{name}: compiled != eager"
 
 
-def test_compiled_blocks_keep_the_layer_out_of_their_graph():
-    """While TRACE_IN_COMPILED_BLOCKS is off (Inductor fails on a whole block with the layer in it),
-    a compiled caller breaks its graph around the layer and still computes eager's result."""
-    from torch._dynamo.utils import counters
-
-    assert TorchFp8Linear.TRACE_IN_COMPILED_BLOCKS is False
+def test_compiled_callers_trace_the_layer_without_a_graph_break():
+    """A compiled block with the layer inside is one graph (fullgraph=True would raise at a break) and
+    computes eager's result: blocks compile with FP8 since the quantizers became opaque ops."""
     native = TorchFp8Linear.from_linear(nn.Linear(128, 96, bias=False), fp8_tensor_linear_spec(), name="b")
     x = torch.randn(32, 128)
     torch._dynamo.reset()
-    counters.clear()
     try:
-        compiled = torch.compile(lambda inputs: native(inputs * 2.0) + 1.0, backend="aot_eager")
+        compiled = torch.compile(lambda inputs: native(inputs * 2.0) + 1.0, backend="aot_eager", fullgraph=True)
         with torch.no_grad():
             assert torch.equal(compiled(x), native(x * 2.0) + 1.0)
-        assert sum(counters["graph_break"].values()) >= 1
     finally:
         torch._dynamo.reset()

@@ -342,10 +342,9 @@ def test_layer_makes_no_host_syncs():
 
 @pytest.mark.parametrize("spec_builder", [lambda: fp8_block_linear_spec(), lambda: fp8_tensor_linear_spec()],
                          ids=["blockwise", "tensor"])
-def test_layer_compiled_fullgraph_matches_eager(spec_builder, monkeypatch):
-    """torch.compile traces the layer whole (Triton quantizers, scaled-mm GEMMs, no graph break;
-    Inductor re-emits the user kernels from their source) and gives the eager results bit for bit."""
-    monkeypatch.setattr(TorchFp8Linear, "TRACE_IN_COMPILED_BLOCKS", True)  # off in blocks (see the class)
+def test_layer_compiled_fullgraph_matches_eager(spec_builder):
+    """torch.compile traces the layer whole (the quantizers and the scaled-mm GEMMs as opaque ops, no
+    graph break) and gives the eager results bit for bit."""
     native, _, linear = _layers(spec_builder(), dtype=torch.bfloat16)
     compiled = torch.compile(native, backend="inductor", fullgraph=True)
     x = _fresh(384, 640, torch.bfloat16, specials=False).reshape(3, 128, 640)
@@ -434,3 +433,37 @@ def test_tiny_model_trains_with_the_torch_backend():
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert losses[-1] < losses[0], f"the same batch six times should lower the loss: {losses}"
+
+
+@pytest.mark.parametrize("mode", ["1x128 both", "1x128 rows (ragged)", "1x128 columns", "128x128 both",
+                                  "128x128 rows", "tensor both", "tensor columns"])
+def test_compiled_quantize_ops_equal_the_kernels_and_their_fakes(mode):
+    """The opaque ops compiled code calls (fp8_kernels, pytorch#189271) return the kernels' bits,
+    and their fake implementations the real outputs' shapes, strides and dtypes: a compiled graph
+    plans its buffers from the fakes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    num_rows = 200 if "ragged" in mode else 256
+    x = torch.randn(num_rows, 384, device="cuda", dtype=torch.bfloat16) * 3
+    rows, columns = "columns" not in mode, "rows" not in mode
+    if mode.startswith("tensor"):
+        call = lambda t: fp8_kernels.tensor_quantize_op(t, rows=rows, columns=columns)  # noqa: E731
+        direct = fp8_kernels.fp8_tensor_quantize(x, rows=rows, columns=columns)
+    else:
+        tile_2d = mode.startswith("128x128")
+        call = lambda t: fp8_kernels.block_quantize_op(t, tile_2d=tile_2d, rows=rows, columns=columns)  # noqa: E731
+        direct = fp8_kernels.fp8_block_quantize(x, tile_2d=tile_2d, rows=rows, columns=columns)
+    real = call(x)
+    with FakeTensorMode() as fake_mode:
+        fake = call(fake_mode.from_tensor(x))
+    assert len(real) == len(direct) == len(fake)
+    for index, (got, want, planned) in enumerate(zip(real, direct, fake)):
+        assert (got is None) == (want is None) == (planned is None), index
+        if got is None:
+            continue
+        assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype), index
+        assert (planned.shape, planned.stride(), planned.dtype) == (got.shape, got.stride(), got.dtype), index
+        if got.dtype == torch.float8_e4m3fn:
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), index
+        else:
+            assert torch.equal(got, want), index
