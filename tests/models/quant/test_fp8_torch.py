@@ -385,3 +385,41 @@ def test_compiled_callers_trace_the_layer_without_a_graph_break():
             assert torch.equal(compiled(x), native(x * 2.0) + 1.0)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("tile_2d", [False, True], ids=["1x128", "128x128"])
+@pytest.mark.parametrize("rows,columns", [(True, True), (True, False), (False, True)])
+def test_compiled_quantize_op_fakes_plan_the_gemm_layouts(tile_2d, rows, columns):
+    """What a compiled graph plans for the opaque quantize op (its fake implementation): E4M3 codes
+    of x [R, C] and x^T [C, R], contiguous, and decode scales in the layouts torch's scaled GEMM
+    takes (1x128: [rows, reduction/128], strides (1, rows); 128x128: [L4, rows/128], strides
+    (1, L4), L4 = reduction/128 rounded up to 4); None for what was not asked. The GPU test
+    compares these with the kernels' real outputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from models.quant import fp8_kernels
+
+    num_rows, num_cols = 256, 640
+    with FakeTensorMode() as fake_mode:
+        x = fake_mode.from_tensor(torch.randn(num_rows, num_cols, dtype=torch.bfloat16))
+        row_codes, row_scales, col_codes, col_scales = fp8_kernels.block_quantize_op(
+            x, tile_2d=tile_2d, rows=rows, columns=columns)
+
+    def expect(codes, scales, operand_rows, reduction):
+        assert (codes.shape, codes.stride(), codes.dtype) == ((operand_rows, reduction), (reduction, 1),
+                                                              torch.float8_e4m3fn)
+        if tile_2d:
+            padded = -(-(reduction // 128) // 4) * 4
+            layout = ((padded, operand_rows // 128), (1, padded))
+        else:
+            layout = ((operand_rows, reduction // 128), (1, operand_rows))
+        assert (tuple(scales.shape), scales.stride(), scales.dtype) == (*layout, torch.float32)
+
+    if rows:
+        expect(row_codes, row_scales, num_rows, num_cols)
+    else:
+        assert row_codes is None and row_scales is None
+    if columns:
+        expect(col_codes, col_scales, num_cols, num_rows)
+    else:
+        assert col_codes is None and col_scales is None
