@@ -226,9 +226,9 @@ def _value_for_inf(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
-# No buffer is passed to a kernel twice, and codes are written as uint8 and viewed as E4M3 after
-# the launch: Inductor (torch 2.11) failed to compile blocks whose FP8 kernels wrote through
-# aliased arguments (pytorch/pytorch#189271, docs/performance.md run O).
+# Every output buffer is passed to a launch once (only the never-touched placeholders of
+# ``_unused`` may be passed several times), and codes are written as uint8 and viewed as E4M3
+# after the launch. Compiled code does not trace these launches at all (the opaque ops at the end).
 def _scales_1x128(operand_rows: int, reduction: int, device) -> torch.Tensor:
     """Uninitialized 1x128 decode scales of an operand [operand_rows, reduction] in GEMM layout:
     [rows, reduction/128] with strides (1, rows). Allocated as the transpose of a contiguous tensor:
@@ -246,7 +246,7 @@ def _scales_128x128(operand_rows: int, reduction: int, device) -> torch.Tensor:
 
 def _unused(device) -> Tuple[torch.Tensor, torch.Tensor]:
     """(codes, scales) for pointer arguments a launch never touches (its constexpr branch is compiled
-    out): one-element buffers of their own, so that no output is passed twice."""
+    out): one-element buffers of their own, so that no output buffer doubles as a placeholder."""
     return torch.empty(1, dtype=torch.uint8, device=device), torch.empty(1, dtype=torch.float32, device=device)
 
 
@@ -318,6 +318,15 @@ def fp8_block_quantize(
 FLT_MAX = float(torch.finfo(torch.float32).max)
 
 
+def _tensor_outputs(num_rows: int, num_cols: int, rows: bool, columns: bool, device):
+    """fp8_tensor_quantize's uninitialized outputs: (row codes [R, C] uint8, column codes [C, R]
+    uint8, None where not asked; the 0-dim fp32 decode scale, which the first program writes); the
+    fake implementation of ``tensor_quantize_op`` allocates the same."""
+    row_codes = torch.empty(num_rows, num_cols, dtype=torch.uint8, device=device) if rows else None
+    col_codes = torch.empty(num_cols, num_rows, dtype=torch.uint8, device=device) if columns else None
+    return row_codes, col_codes, torch.empty((), dtype=torch.float32, device=device)
+
+
 def fp8_tensor_quantize(
     x: torch.Tensor, *, rows: bool, columns: bool, num_warps: Optional[int] = None, name: Optional[str] = None,
     two_pass: Optional[Tuple[int, ...]] = None,
@@ -339,9 +348,7 @@ def fp8_tensor_quantize(
     device = x.device
     # max |x| is exact in any order and dtype; NaN propagates (the kernel reads it as +Inf).
     amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1)
-    decode = torch.empty((), dtype=torch.float32, device=device)  # written by the first program
-    row_codes = torch.empty(num_rows, num_cols, dtype=torch.uint8, device=device) if rows else None
-    col_codes = torch.empty(num_cols, num_rows, dtype=torch.uint8, device=device) if columns else None
+    row_codes, col_codes, decode = _tensor_outputs(num_rows, num_cols, rows, columns, device)
     unused_codes, unused_scales = _unused(device)
     _launch(x, (row_codes if rows else unused_codes, unused_scales, 0, 0),
             (col_codes if columns else unused_codes, unused_scales, 0, 0), (FLT_MAX, amax, decode),
@@ -369,7 +376,7 @@ def supports_tensor_shape(shape, columns: bool) -> bool:
 
 def _present(tensor: Optional[torch.Tensor], device) -> torch.Tensor:
     """An op's output that was not asked for: an empty tensor (custom ops return no None)."""
-    return torch.empty(0, device=device) if tensor is None else tensor
+    return torch.empty(0, dtype=torch.uint8, device=device) if tensor is None else tensor
 
 
 def _optional(tensor: torch.Tensor, asked: bool) -> Optional[torch.Tensor]:
@@ -409,10 +416,8 @@ def _tensor_quantize_op(x: torch.Tensor, rows: bool, columns: bool) -> Tuple[tor
 
 @_tensor_quantize_op.register_fake
 def _tensor_quantize_fake(x, rows, columns):
-    num_rows, num_cols = x.shape
-    row_codes = torch.empty(num_rows, num_cols, dtype=torch.float8_e4m3fn, device=x.device) if rows else None
-    col_codes = torch.empty(num_cols, num_rows, dtype=torch.float8_e4m3fn, device=x.device) if columns else None
-    return _present(row_codes, x.device), _present(col_codes, x.device), torch.empty((), device=x.device)
+    row_codes, col_codes, decode = _tensor_outputs(x.shape[0], x.shape[1], rows, columns, x.device)
+    return _present(_as_e4m3(row_codes), x.device), _present(_as_e4m3(col_codes), x.device), decode
 
 
 def tensor_quantize_op(x: torch.Tensor, *, rows: bool, columns: bool):

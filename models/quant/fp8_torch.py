@@ -326,6 +326,8 @@ def _scaled_gemm_fake(a, b_t, scale_a, scale_b, kind_a, kind_b, out_dtype):
     try:
         return _torch_scaled_gemm(a, b_t, scale_a, scale_b, kind_a, kind_b, out_dtype)
     except RuntimeError as error:
+        if type(error) is not RuntimeError:  # fake-tensor and Dynamo subclasses keep their type
+            raise
         layouts = ", ".join(f"{label} {tuple(t.shape)} strides {t.stride()} {t.dtype}" for label, t in
                             (("a", a), ("b_t", b_t), ("scale_a", scale_a), ("scale_b", scale_b)))
         raise RuntimeError(f"fp8_scaled_gemm ({kind_a} x {kind_b}) traced with {layouts}: {error}") from error

@@ -387,28 +387,40 @@ def test_compiled_callers_trace_the_layer_without_a_graph_break():
         torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("tile_2d", [False, True], ids=["1x128", "128x128"])
-@pytest.mark.parametrize("rows,columns", [(True, True), (True, False), (False, True)])
-def test_compiled_quantize_op_fakes_plan_the_gemm_layouts(tile_2d, rows, columns):
-    """What a compiled graph plans for the opaque quantize op (its fake implementation): E4M3 codes
-    of x [R, C] and x^T [C, R], contiguous, and decode scales in the layouts torch's scaled GEMM
-    takes (1x128: [rows, reduction/128], strides (1, rows); 128x128: [L4, rows/128], strides
-    (1, L4), L4 = reduction/128 rounded up to 4); None for what was not asked. The GPU test
+_FAKE_CASES = [(kind, rows, columns, 256) for kind in ("1x128", "128x128", "tensor")
+               for rows, columns in ((True, True), (True, False), (False, True))]
+_FAKE_CASES += [("1x128", True, False, 200), ("tensor", True, False, 200)]  # ragged rows: rows only, not 128x128
+
+
+@pytest.mark.parametrize("kind,rows,columns,num_rows", _FAKE_CASES)
+def test_compiled_quantize_op_fakes_plan_the_gemm_layouts(kind, rows, columns, num_rows):
+    """What a compiled graph plans for the opaque quantize ops (their fake implementations): E4M3
+    codes of x [R, C] and x^T [C, R], contiguous, and decode scales in the layouts torch's scaled
+    GEMM takes (1x128: [rows, reduction/128], strides (1, rows); 128x128: [L4, rows/128], strides
+    (1, L4), L4 = reduction/128 rounded up to 4; per tensor: one 0-dim fp32 scale); None for what
+    was not asked. Ragged rows (rows only, 1x128 or per tensor) keep every row. The GPU test
     compares these with the kernels' real outputs."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from models.quant import fp8_kernels
 
-    num_rows, num_cols = 256, 640
+    num_cols = 640
     with FakeTensorMode() as fake_mode:
         x = fake_mode.from_tensor(torch.randn(num_rows, num_cols, dtype=torch.bfloat16))
-        row_codes, row_scales, col_codes, col_scales = fp8_kernels.block_quantize_op(
-            x, tile_2d=tile_2d, rows=rows, columns=columns)
+        if kind == "tensor":
+            row_codes, col_codes, decode = fp8_kernels.tensor_quantize_op(x, rows=rows, columns=columns)
+            assert (decode.shape, decode.dtype) == ((), torch.float32)
+            row_scales = col_scales = decode
+        else:
+            row_codes, row_scales, col_codes, col_scales = fp8_kernels.block_quantize_op(
+                x, tile_2d=kind == "128x128", rows=rows, columns=columns)
 
     def expect(codes, scales, operand_rows, reduction):
         assert (codes.shape, codes.stride(), codes.dtype) == ((operand_rows, reduction), (reduction, 1),
                                                               torch.float8_e4m3fn)
-        if tile_2d:
+        if kind == "tensor":
+            return
+        if kind == "128x128":
             padded = -(-(reduction // 128) // 4) * 4
             layout = ((padded, operand_rows // 128), (1, padded))
         else:
@@ -418,8 +430,8 @@ def test_compiled_quantize_op_fakes_plan_the_gemm_layouts(tile_2d, rows, columns
     if rows:
         expect(row_codes, row_scales, num_rows, num_cols)
     else:
-        assert row_codes is None and row_scales is None
+        assert row_codes is None and (kind == "tensor" or row_scales is None)
     if columns:
         expect(col_codes, col_scales, num_cols, num_rows)
     else:
-        assert col_codes is None and col_scales is None
+        assert col_codes is None and (kind == "tensor" or col_scales is None)

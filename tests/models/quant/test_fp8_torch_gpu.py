@@ -435,8 +435,9 @@ def test_tiny_model_trains_with_the_torch_backend():
     assert losses[-1] < losses[0], f"the same batch six times should lower the loss: {losses}"
 
 
-@pytest.mark.parametrize("mode", ["1x128 both", "1x128 rows (ragged)", "1x128 columns", "128x128 both",
-                                  "128x128 rows", "tensor both", "tensor columns"])
+@pytest.mark.parametrize("mode", ["1x128 both", "1x128 rows", "1x128 rows (ragged)", "1x128 columns", "128x128 both",
+                                  "128x128 rows", "128x128 columns", "tensor both", "tensor rows (ragged)",
+                                  "tensor columns"])
 def test_compiled_quantize_ops_equal_the_kernels_and_their_fakes(mode):
     """The opaque ops compiled code calls (fp8_kernels, pytorch#189271) return the kernels' bits,
     and their fake implementations the real outputs' shapes, strides and dtypes: a compiled graph
