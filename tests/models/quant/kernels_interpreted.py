@@ -187,9 +187,45 @@ def check_gemm_output_epilogue() -> None:
     same_bits(widened, torch.mul(out, decode, out=torch.empty(out.shape, dtype=torch.bfloat16)).float(), "widened")
 
 
+def check_fp8_quantize_ops() -> None:
+    """The opaque ops compiled code calls (fp8_kernels.block_quantize_op / tensor_quantize_op): in a
+    compiled graph (Dynamo + AOTAutograd, fullgraph) their outputs equal the kernels' bit for bit,
+    and their fakes give the real outputs' shapes, strides and dtypes (what the graph plans)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = oracle.fresh_input(256, 384, 1.0, torch.float32).to(torch.bfloat16)
+    cases = [("1x128", True, True, x), ("1x128", True, False, x[:200]), ("1x128", False, True, x),
+             ("128x128", True, True, x), ("128x128", False, True, x), ("tensor", True, True, x),
+             ("tensor", True, False, x[:200])]
+    for kind, rows, columns, tensor in cases:
+        if kind == "tensor":
+            def op(t):
+                return fp8_kernels.tensor_quantize_op(t, rows=rows, columns=columns)
+            direct = fp8_kernels.fp8_tensor_quantize(tensor, rows=rows, columns=columns)
+        else:
+            def op(t):
+                return fp8_kernels.block_quantize_op(t, tile_2d=kind == "128x128", rows=rows, columns=columns)
+            direct = fp8_kernels.fp8_block_quantize(tensor, tile_2d=kind == "128x128", rows=rows, columns=columns)
+        torch._dynamo.reset()
+        compiled = torch.compile(op, backend="aot_eager", fullgraph=True)(tensor)
+        with FakeTensorMode() as fake_mode:
+            planned = op(fake_mode.from_tensor(tensor))
+        what = f"{kind} rows={rows} columns={columns} {list(tensor.shape)}"
+        for got, want, fake in zip(compiled, direct, planned):
+            assert (got is None) == (want is None) == (fake is None), what
+            if got is None:
+                continue
+            layout = (got.shape, got.stride(), got.dtype)
+            assert layout == (want.shape, want.stride(), want.dtype) == (fake.shape, fake.stride(), fake.dtype), what
+            if got.dtype == torch.float8_e4m3fn:
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), what
+            else:
+                same_bits(got, want, what)
+
+
 CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_persistent_amax_kernel, check_nvfp4_ties,
           check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise,
-          check_fp8_per_tensor, check_gemm_output_epilogue]
+          check_fp8_per_tensor, check_fp8_quantize_ops, check_gemm_output_epilogue]
 
 if __name__ == "__main__":
     for check in CHECKS:
