@@ -233,7 +233,7 @@ def _scales_1x128(operand_rows: int, reduction: int, device) -> torch.Tensor:
     """Uninitialized 1x128 decode scales of an operand [operand_rows, reduction] in GEMM layout:
     [rows, reduction/128] with strides (1, rows). Allocated as the transpose of a contiguous tensor:
     torch 2.11's functionalization of a Triton kernel's outputs lost the strides of an
-    ``empty_strided`` buffer (the scaled-GEMM meta check then failed, session 9 run 1)."""
+    ``empty_strided`` buffer (the scaled-GEMM meta check then failed; docs/performance.md run P)."""
     return torch.empty(reduction // BLOCK, operand_rows, dtype=torch.float32, device=device).t()
 
 
@@ -368,7 +368,7 @@ def supports_tensor_shape(shape, columns: bool) -> bool:
 # Traced by Dynamo, the kernels above become Triton launches that mutate their fresh output
 # buffers, and torch 2.11's Inductor failed on whole FP8 blocks built that way: a self-copy of a
 # mutated buffer and then KeyError in Scheduler.compute_ancestors (pytorch/pytorch#189271, fixed
-# after 2.11; docs/performance.md, session 9). As custom ops that return new tensors there is no
+# after 2.11; docs/performance.md, runs Q and R). As custom ops that return new tensors there is no
 # mutation in the graph. Only compiled code calls them (eager skips the op dispatch, as the FP8 GEMM
 # does); the fake implementations allocate exactly what the kernels return, so the strides the
 # compiled graph assumes are the real ones.
@@ -424,3 +424,22 @@ def tensor_quantize_op(x: torch.Tensor, *, rows: bool, columns: bool):
     """``fp8_tensor_quantize`` (default kernel settings) as one opaque op for compiled code."""
     row_codes, col_codes, decode = _tensor_quantize_op(x, rows, columns)
     return _optional(row_codes, rows), _optional(col_codes, columns), decode
+
+
+def block_quantize(x: torch.Tensor, *, tile_2d: bool, rows: bool, columns: bool, rows_power_of_two: bool = True,
+                   columns_power_of_two: bool = True, name: Optional[str] = None):
+    """``fp8_block_quantize`` with default kernel settings: the opaque op while torch.compile traces,
+    the kernel itself in eager code (no op dispatch)."""
+    if torch.compiler.is_compiling():
+        return block_quantize_op(x, tile_2d=tile_2d, rows=rows, columns=columns, rows_power_of_two=rows_power_of_two,
+                                 columns_power_of_two=columns_power_of_two)
+    return fp8_block_quantize(x, tile_2d=tile_2d, rows=rows, columns=columns, rows_power_of_two=rows_power_of_two,
+                              columns_power_of_two=columns_power_of_two, name=name)
+
+
+def tensor_quantize(x: torch.Tensor, *, rows: bool, columns: bool, name: Optional[str] = None):
+    """``fp8_tensor_quantize`` with default kernel settings: the opaque op while torch.compile traces,
+    the kernel itself in eager code."""
+    if torch.compiler.is_compiling():
+        return tensor_quantize_op(x, rows=rows, columns=columns)
+    return fp8_tensor_quantize(x, rows=rows, columns=columns, name=name)

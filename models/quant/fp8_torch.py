@@ -55,7 +55,6 @@ PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` and ``test/test_scaled_matm
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
@@ -249,12 +248,9 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
     kind = rows_kind or columns_kind
     if kind == "tensor":
         if fp8_kernels.supports(tensor) and fp8_kernels.supports_tensor_shape(tensor.shape, columns is not None):
-            if torch.compiler.is_compiling():  # opaque to Inductor (fp8_kernels: pytorch#189271)
-                row_codes, col_codes, decode = fp8_kernels.tensor_quantize_op(
-                    tensor, rows=rows is not None, columns=columns is not None)
-            else:
-                row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(
-                    tensor, rows=rows is not None, columns=columns is not None, name=name)
+            # While compiling, an op opaque to Inductor (fp8_kernels: pytorch#189271).
+            row_codes, col_codes, decode = fp8_kernels.tensor_quantize(
+                tensor, rows=rows is not None, columns=columns is not None, name=name)
             return (Fp8Operand(row_codes, decode, "tensor") if rows is not None else None,
                     Fp8Operand(col_codes, decode, "tensor") if columns is not None else None)
         operand = quantize_reference(tensor, "tensor")
@@ -263,13 +259,11 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
             transposed = Fp8Operand(operand.data.t().contiguous(), operand.scale, "tensor")
         return (operand if rows is not None else None), transposed
     if fp8_kernels.supports(tensor):
-        # Compiled code calls the kernel through an op opaque to Inductor (fp8_kernels: pytorch#189271).
-        quantize = fp8_kernels.block_quantize_op if torch.compiler.is_compiling() else functools.partial(
-            fp8_kernels.fp8_block_quantize, name=name)
-        row_codes, row_scales, col_codes, col_scales = quantize(
+        # While compiling, an op opaque to Inductor (fp8_kernels: pytorch#189271).
+        row_codes, row_scales, col_codes, col_scales = fp8_kernels.block_quantize(
             tensor, tile_2d=kind == "128x128", rows=rows is not None, columns=columns is not None,
             rows_power_of_two=rows is not None and rows.power_of_two_scales,
-            columns_power_of_two=columns is not None and columns.power_of_two_scales,
+            columns_power_of_two=columns is not None and columns.power_of_two_scales, name=name,
         )
         return (Fp8Operand(row_codes, row_scales, kind) if rows is not None else None,
                 Fp8Operand(col_codes, col_scales, kind) if columns is not None else None)

@@ -10,10 +10,15 @@ from benchmarks.step import StepBenchmark, bench_precision, render
 pytestmark = pytest.mark.gpu
 
 
+def _skip_unless_torch_fp8() -> None:
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the torch FP8 blockwise backend needs compute capability 9.x")
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp8_lm_head", "fp8_tensor"])
 def test_bench_precision_on_a_tiny_model_reports_where_memory_goes(precision):
-    if precision.startswith("fp8") and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the torch FP8 blockwise backend needs compute capability 9.x")
+    if precision.startswith("fp8"):
+        _skip_unless_torch_fp8()
     settings = StepBenchmark(model="study", seq_len=256, micro_batch=2, warmup=1, iters=2, profile=False)
     result = bench_precision(precision, settings)
     memory = result["memory_gib"]
@@ -44,8 +49,7 @@ def test_fp8_layers_compile_inside_the_block_graphs(precision):
     KeyError in Scheduler.compute_ancestors) until the quantizers became opaque ops; a layer
     compiled alone never showed it. The only graph breaks left are the mamba_ssm kernels that are
     compiler-disabled on purpose."""
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the torch FP8 blockwise backend needs compute capability 9.x")
+    _skip_unless_torch_fp8()
     settings = StepBenchmark(model="study", seq_len=256, micro_batch=2, warmup=1, iters=2, compile=True, profile=False)
     result = bench_precision(precision, settings)
     assert result["fwd_bwd_ms"] > 0
