@@ -1,15 +1,20 @@
 """The NVFP4 quantize kernels against the HBM floor on the present GPU (scripts/bench_quant.py).
 
-
 For each kernel (1x16 rows, 2D 16x16, 16x1 columns along tokens, columns with RHT, and their
 stochastic-rounding variants) and for the plain-torch reference (eager and torch.compile), it times
-the whole quantize call (amax pass + quantize pass) with CUDA events (benchmarks.timing) and compares it with the HBM
-floor: (bytes read once + bytes written) / the device-to-device copy bandwidth measured in the
-same run. "of copy bw" = floor time / measured time (1.0 = as fast as a copy moving those bytes).
+the whole quantize call (amax pass + quantize pass) two ways with CUDA events (benchmarks.timing):
+- "graphed": the GPU time of the call, replayed from a CUDA graph holding GRAPH_CALLS calls (as
+  compiled training with ``parallel.cuda_graph`` runs them). The target ("of copy bw") is read
+  from this one: (bytes read once + bytes written) / the device-to-device copy bandwidth measured
+  in the same run, over the measured time (1.0 = as fast as a copy moving those bytes);
+- "eager": calls launched from Python, where the host's launch overhead (~20 us per Triton
+  launch) shows whenever it exceeds the GPU time.
 The kernels run with a few launch configurations (the first listed is the module's default); the
-best one per kernel is marked with *. The amax pass is also timed alone, against a read of x: torch's
-max-abs reduction and the persistent Triton kernel (tile rows, cols, warps, programs per SM). Before timing, each
-RNE kernel is checked bit for bit against the torch reference on the benchmark tensor.
+best one per kernel (graphed) is marked with *. Rows also compare the design choices side by side:
+the two amax passes (alone, against a read of x, and inside the whole call), the quantize pass in
+forward tile order against the reversed default, and 8 against 32 random bits per element for
+stochastic rounding. Before timing, each RNE kernel is checked bit for bit against the torch
+reference on the benchmark tensor.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ ROWS_CONFIGS = [kernels.ROWS_CONFIG, (16, 256, 8), (32, 128, 8), (16, 64, 2), (1
                 (32, 256, 8), (64, 128, 8)]
 COLUMNS_CONFIGS = [kernels.COLUMNS_CONFIG, (1, 128, 4), (2, 256, 8), (2, 128, 8), (1, 256, 8), (2, 64, 4),
                    (4, 64, 8), (1, 64, 2)]
-AMAX_CONFIGS = [kernels.AMAX_CONFIG, (32, 256, 8), (8, 256, 4)]  # x programs per SM below
-AMAX_PROGRAMS_PER_SM = [kernels.AMAX_PROGRAMS_PER_SM, 16]
+AMAX_CHUNKS = [kernels.AMAX_CHUNK, (2048, 4, 4), (1024, 8, 4), (8192, 2, 8)]
+GRAPH_CALLS = 4
 
 
 def time_ms(fn, *, iterations: int, warmup: int) -> float:
@@ -35,16 +40,48 @@ def time_ms(fn, *, iterations: int, warmup: int) -> float:
     return cuda_median_ms(fn, warmup, iterations)
 
 
+def graphed_ms(fn, *, iterations: int, warmup: int) -> float:
+    """GPU milliseconds of one call of fn: GRAPH_CALLS calls captured in a CUDA graph (after warm-up
+    calls on a side stream, as torch.cuda.graphs asks), the replay timed, divided by GRAPH_CALLS."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return cuda_median_ms(graph.replay, warmup, iterations) / GRAPH_CALLS
+
+
 def copy_bandwidth(x: torch.Tensor, iterations: int, warmup: int) -> float:
-    """Bytes per second of a device-to-device copy of x (read + write counted)."""
+    """Bytes per second of a device-to-device copy of x (read + write counted), GPU time."""
     destination = torch.empty_like(x)
-    milliseconds = time_ms(lambda: destination.copy_(x), iterations=iterations, warmup=warmup)
+    milliseconds = graphed_ms(lambda: destination.copy_(x), iterations=iterations, warmup=warmup)
     return 2 * x.numel() * x.element_size() / (milliseconds * 1e-3)
 
 
 def floor_bytes(x: torch.Tensor, *, values_bytes: int) -> int:
     """Read x once, write the scaled values and one E4M3 scale per 16 elements."""
     return x.numel() * x.element_size() + x.numel() * values_bytes + x.numel() // 16
+
+
+class _Knobs:
+    """Set module-level knobs of models.quant.kernels for one measurement, restored afterwards."""
+
+    def __init__(self, **values):
+        self.values = values
+
+    def __enter__(self):
+        self.saved = {name: getattr(kernels, name) for name in self.values}
+        for name, value in self.values.items():
+            setattr(kernels, name, value)
+
+    def __exit__(self, *exc):
+        for name, value in self.saved.items():
+            setattr(kernels, name, value)
 
 
 def check_identical(out, reference, transposed: bool) -> bool:
@@ -63,31 +100,35 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
     """Time every kernel variant and launch configuration on a random [rows_count, cols] tensor.
 
     Returns {'rows': one dict per (kernel, config), 'copy_bandwidth_bytes_per_s', 'floor_ms'}; each row says
-    whether it is the fastest of its kernel ('best_for_kernel').
+    whether it is the fastest of its kernel ('best_for_kernel', graphed time).
     """
     kernels.use_triton(True)
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     torch.manual_seed(0)
     x = torch.randn(rows_count, cols, device="cuda", dtype=dtype)
+    seed = torch.tensor([1], dtype=torch.int64, device="cuda")  # a tensor: capturable in a graph
     bandwidth = copy_bandwidth(x, iterations, warmup)
     values_bytes = 2  # bf16 scaled values
     floor_ms = floor_bytes(x, values_bytes=values_bytes) / bandwidth * 1e3
+    read_floor_ms = x.numel() * x.element_size() / bandwidth * 1e3
     timing = dict(iterations=iterations, warmup=warmup)
     rows = []
 
-    def record(name, milliseconds, config=None, identical=None, error=None):
-        print(f"  {name} {config}: {milliseconds} ms, identical {identical}", flush=True)  # progress
-        rows.append(
-            {
-                "name": name,
-                "config": config,
-                "ms": milliseconds,
-                "floor_ms": floor_ms,
-                "fraction_of_copy_bw": (floor_ms / milliseconds) if milliseconds else None,
-                "bit_identical": identical,
-                "error": error,
-            }
-        )
+    def measure(name, run, *, config=None, identical=None, floor=floor_ms):
+        """Time run() eager and graphed; a launch shape that does not compile is reported, not fatal."""
+        try:
+            eager = time_ms(run, **timing)
+            graphed = graphed_ms(run, **timing)
+            error = None
+        except Exception as caught:
+            eager = graphed = None
+            error = f"{type(caught).__name__}: {caught}"
+        print(f"  {name} {config}: eager {eager} ms, graphed {graphed} ms, identical {identical}", flush=True)
+        rows.append({
+            "name": name, "config": config, "eager_ms": eager, "ms": graphed, "floor_ms": floor,
+            "fraction_of_copy_bw": (floor / graphed) if graphed else None, "bit_identical": identical,
+            "error": error,
+        })
 
     # --- Triton kernels ------------------------------------------------------------------------
     reference_rows = quantize(x, "nvfp4")
@@ -98,7 +139,7 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
     variants = [  # (name, configs, run(config), RNE reference or None, outputs transposed)
         ("rows 1x16 RNE", ROWS_CONFIGS, lambda c: kernels.nvfp4_quantize_rows(x, config=c), reference_rows, False),
         ("rows 1x16 SR", ROWS_CONFIGS,
-         lambda c: kernels.nvfp4_quantize_rows(x, config=c, stochastic=True, seed=1), None, False),
+         lambda c: kernels.nvfp4_quantize_rows(x, config=c, stochastic=True, seed=seed), None, False),
         ("2D 16x16 RNE", rows_configs_2d,
          lambda c: kernels.nvfp4_quantize_rows(x, config=c, two_d=True), reference_2d, False),
         ("columns 16x1 RNE", COLUMNS_CONFIGS,
@@ -106,53 +147,56 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
         ("columns 16x1 RHT RNE", COLUMNS_CONFIGS,
          lambda c: kernels.nvfp4_quantize_columns(x, config=c, rht=True), reference_columns_rht, True),
         ("columns 16x1 RHT SR", COLUMNS_CONFIGS,
-         lambda c: kernels.nvfp4_quantize_columns(x, config=c, rht=True, stochastic=True, seed=1), None, True),
+         lambda c: kernels.nvfp4_quantize_columns(x, config=c, rht=True, stochastic=True, seed=seed), None, True),
     ]
     for name, configs, run, reference, transposed in variants:
         for config in configs:
             try:
                 identical = check_identical(run(config), reference, transposed) if reference is not None else None
-                record(name, time_ms(lambda: run(config), **timing), config=list(config), identical=identical)
-            except Exception as error:  # a launch shape that does not compile is reported, not fatal
-                record(name, None, config=list(config), error=f"{type(error).__name__}: {error}")
+            except Exception:
+                identical = None  # measure() reports the error
+            measure(name, lambda: run(config), config=list(config), identical=identical)
 
-    # The first pass alone (amax + finalize), for the share of the total; its floor is a read of x.
-    read_floor_ms = x.numel() * x.element_size() / bandwidth * 1e3
-    defaults = (kernels.AMAX_REDUCTION, kernels.AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM)
-    amax_variants = [("torch", None, None)] + [("triton", c, p) for c in AMAX_CONFIGS for p in AMAX_PROGRAMS_PER_SM]
-    try:
-        for reduction, config, programs_per_sm in amax_variants:
-            kernels.AMAX_REDUCTION = reduction
-            if config is not None:
-                kernels.AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM = config, programs_per_sm
-            name = f"amax pass only, {reduction} (read floor)"
-            config_row = None if config is None else [*config, programs_per_sm]
-            try:
-                milliseconds = time_ms(lambda: kernels.amax_global_scales(x, rht=False), **timing)
-                print(f"  {name} {config_row}: {milliseconds} ms", flush=True)  # progress
-                rows.append({"name": name, "config": config_row, "ms": milliseconds,
-                             "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,
-                             "bit_identical": None, "error": None})
-            except Exception as error:
-                record(name, None, config=config_row, error=f"{type(error).__name__}: {error}")
-    finally:
-        kernels.AMAX_REDUCTION, kernels.AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM = defaults
-    milliseconds = time_ms(lambda: kernels.amax_global_scales(x, rht=True), **timing)
-    rows.append({"name": "amax pass with RHT only (read floor)", "config": None, "ms": milliseconds,
-                 "floor_ms": read_floor_ms, "fraction_of_copy_bw": read_floor_ms / milliseconds,
-                 "bit_identical": None, "error": None})
+    # --- the design choices, side by side (default launch configurations) -------------------------
+    def rows_rne():
+        return kernels.nvfp4_quantize_rows(x)
+
+    def rows_sr():
+        return kernels.nvfp4_quantize_rows(x, stochastic=True, seed=seed)
+
+    def columns_rht_sr():
+        return kernels.nvfp4_quantize_columns(x, rht=True, stochastic=True, seed=seed)
+
+    with _Knobs(AMAX_REDUCTION="torch"):
+        measure("rows 1x16 RNE, torch's amax", rows_rne, identical=check_identical(rows_rne(), reference_rows, False))
+    with _Knobs(REVERSED_QUANTIZE_PASS=False):
+        measure("rows 1x16 RNE, tiles in forward order", rows_rne,
+                identical=check_identical(rows_rne(), reference_rows, False))
+    with _Knobs(SR_BITS=32):
+        measure("rows 1x16 SR, 32 random bits per element", rows_sr)
+        measure("columns 16x1 RHT SR, 32 random bits per element", columns_rht_sr)
+
+    # The amax pass alone; its floor is a read of x.
+    with _Knobs(AMAX_REDUCTION="torch"):
+        measure("amax pass only, torch (read floor)", lambda: kernels.tensor_amax(x), floor=read_floor_ms)
+    for chunk in AMAX_CHUNKS:
+        with _Knobs(AMAX_REDUCTION="triton", AMAX_CHUNK=chunk):
+            measure("amax pass only, triton (read floor)", lambda: kernels.tensor_amax(x), config=list(chunk),
+                    floor=read_floor_ms)
+    measure("amax pass with RHT + finalize (read floor)", lambda: kernels.amax_global_scales(x, rht=True),
+            floor=read_floor_ms)
 
     # --- plain torch reference -----------------------------------------------------------------
     def reference_fn(tensor):
         return quantize(tensor, "nvfp4").scaled_values(torch.bfloat16)
 
-    record("torch reference rows 1x16 (eager)", time_ms(lambda: reference_fn(x), iterations=10, warmup=2))
+    eager_reference = time_ms(lambda: reference_fn(x), iterations=10, warmup=2)
+    rows.append({"name": "torch reference rows 1x16 (eager)", "config": None, "eager_ms": eager_reference,
+                 "ms": None, "floor_ms": floor_ms, "fraction_of_copy_bw": floor_ms / eager_reference,
+                 "bit_identical": None, "error": None})
     if compile_reference:
-        try:
-            compiled = torch.compile(reference_fn)
-            record("torch reference rows 1x16 (torch.compile)", time_ms(lambda: compiled(x), **timing))
-        except Exception as error:
-            record("torch reference rows 1x16 (torch.compile)", None, error=f"{type(error).__name__}: {error}")
+        compiled = torch.compile(reference_fn)
+        measure("torch reference rows 1x16 (torch.compile)", lambda: compiled(x))
 
     # --- report --------------------------------------------------------------------------------
     best = {}
@@ -165,15 +209,20 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
 
 
 def render(rows: list) -> list:
-    """The printed table: one line per row (and its error, if any)."""
-    lines = [f"{'kernel':42s} {'config':>10s} {'time us':>9s} {'of copy bw':>10s} {'identical':>9s}"]
+    """The printed table: one line per row (and its error, if any); "of copy bw" from the graphed time
+    (the eager one for the eager-only torch reference)."""
+    lines = [f"{'kernel':48s} {'config':>10s} {'eager us':>9s} {'graphed us':>10s} {'of copy bw':>10s} "
+             f"{'identical':>9s}"]
     for row in rows:
         config = "x".join(map(str, row["config"])) if row["config"] else "-"
-        timing_text = f"{row['ms'] * 1e3:9.1f}" if row["ms"] is not None else f"{'error':>9s}"
+        eager = f"{row['eager_ms'] * 1e3:9.1f}" if row["eager_ms"] is not None else f"{'-':>9s}"
+        graphed = f"{row['ms'] * 1e3:10.1f}" if row["ms"] is not None else f"{'-':>10s}"
+        if row["error"]:
+            eager, graphed = f"{'error':>9s}", f"{'error':>10s}"
         fraction = f"{row['fraction_of_copy_bw']:10.1%}" if row["fraction_of_copy_bw"] else f"{'-':>10s}"
         identical = {None: "-", True: "yes", False: "NO"}[row["bit_identical"]]
         marker = " *" if row["best_for_kernel"] else ""
-        lines.append(f"{row['name']:42s} {config:>10s} {timing_text} {fraction} {identical:>9s}{marker}")
+        lines.append(f"{row['name']:48s} {config:>10s} {eager} {graphed} {fraction} {identical:>9s}{marker}")
         if row["error"]:
             lines.append(f"    {row['error'][:300]}")
     return lines

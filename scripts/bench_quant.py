@@ -4,13 +4,13 @@
     python scripts/bench_quant.py --rows 4096 --cols 4096 --out b.json
 
 For each kernel (1x16 rows, 2D 16x16, 16x1 columns along tokens, columns with RHT, and their
-stochastic-rounding variants) and for the plain-torch reference (eager and torch.compile), it times
-the whole quantize call (amax pass + quantize pass) with CUDA events and compares it with the HBM
-floor: (bytes read once + bytes written) / the device-to-device copy bandwidth measured in the
-same run. "of copy bw" = floor time / measured time (1.0 = as fast as a copy moving those bytes).
-The kernels run with a few launch configurations (the first listed is the module's default); the
-best one per kernel is marked with *. The amax pass is also timed alone, against a read of x. Before timing, each
-RNE kernel is checked bit for bit against the torch reference on the benchmark tensor.
+stochastic-rounding variants) and for the plain-torch reference, it times the whole quantize call
+(amax pass + quantize pass) eager and replayed from a CUDA graph (GPU time), and compares the graphed
+time with the HBM floor: (bytes read once + bytes written) / the device-to-device copy bandwidth
+measured in the same run. "of copy bw" = floor time / measured time (1.0 = as fast as a copy moving
+those bytes). Launch configurations and the design choices (amax pass, tile order, random bits per
+element) are timed side by side. Before timing, each RNE kernel is checked bit for bit against the
+torch reference on the benchmark tensor.
 The kernels, configurations and floors: benchmarks/quant_kernels.py.
 """
 

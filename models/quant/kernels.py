@@ -5,8 +5,11 @@ see that module's docstring) followed by ``scaled_values()``; ``models.quant.rht
 RHT variant. Bit-identical to that torch reference for round-to-nearest (element codes, E4M3 block
 scales, scaled values, per-tensor decode scale); stochastic rounding uses Triton's Philox
 instead of torch's generator, so it matches in distribution, not in draws. One Philox call
-(``tl.rand4x``, counter = the element offset of the first of four) gives the uniforms of four
-elements: four consecutive columns in the rows kernel, four consecutive rows in the columns kernel.
+(``tl.randint4x``, counter = the offset of the block's first element) gives the random bits of one
+16-element block, 8 per element, as TE's ``cvt.rs.satfinite.e2m1x4.f32`` consumes one 32-bit word
+per four values (SR_BITS; 32 bits per element, one call per four, is the alternative). The uniform
+of a byte b is (b + 1/2) / 256, so P(round up) is the exact probability rounded to a multiple of
+1/256: E[q] is within 1/512 of a grid step of x.
 
 Orientations (x is a contiguous 2D [rows, cols] CUDA tensor, bf16 or fp32):
 - ``nvfp4_quantize_rows(x)``: 1x16 blocks along the last dim (X for Fprop, dY for Dgrad).
@@ -15,12 +18,15 @@ Orientations (x is a contiguous 2D [rows, cols] CUDA tensor, bf16 or fp32):
   for Wgrad's operands quantized along tokens, written back in x's own [rows, cols] layout
   (scales [rows / 16, cols]) so that no transpose is materialized.
 
-Three launches each: an amax pass (for the RHT variant a persistent kernel writing per-program
-partial maxima of the transformed values, no atomics, no memset; otherwise torch's max-abs
-reduction, see AMAX_REDUCTION); a one-program finalize reduces them to [S_enc, S_dec]; the
-quantize pass then does, per tile: block amax, E4M3 scale, reciprocal, scaling, E2M1 rounding
-(RNE or stochastic), outputs. NaN/Inf anywhere turns the tensor amax into Inf, and a non-finite
-amax gives a NaN decode scale, as in the reference.
+Launches: the amax pass, then the quantize pass. Without RHT the amax pass is one Triton kernel
+reading x at near copy speed (``tensor_amax``: 16K-element chunks, an atomic max into a zeroed fp32;
+or torch's reduction, see AMAX_REDUCTION) and each quantize program derives [S_enc, S_dec] from it;
+with RHT a persistent kernel writes per-program partial maxima of the transformed values and a
+one-program finalize reduces them to [S_enc, S_dec]. The quantize pass walks its tiles from the
+last (REVERSED_QUANTIZE_PASS), so it starts on what the amax pass left in L2, and does, per tile:
+block amax, E4M3 scale, reciprocal, scaling, E2M1 rounding (RNE or stochastic, by the bits of the
+value, see ``_round_e2m1``), outputs. NaN/Inf anywhere turns the tensor amax into Inf, and a
+non-finite amax gives a NaN decode scale, as in the reference.
 
 Exactness notes (why the code looks the way it does):
 - every fp32 division is ``tl.math.div_rn`` (Triton's ``/`` may lower to an approximate divide);
@@ -237,36 +243,37 @@ if triton is not None:
 
     @triton.jit
     def _round_e2m1(scaled, uniform, STOCHASTIC: tl.constexpr):
-        """E2M1 of fp32 scaled (already times r_b): (grid value with sign as fp32, uint8 code)."""
+        """E2M1 of fp32 scaled (already times r_b): (grid value with sign as fp32, uint8 code).
+
+        By the bits of |scaled| (clamped to 6), not by comparing with the grid: E2M1 values are the
+        fp32 values with one mantissa bit and spacing 0.5 below 1, so with e = max(exponent, 0) the
+        spacing is 2^(e-1), and
+        - RNE: (m + 2^(e+22)) - 2^(e+22), whose fp32 addition rounds m to a multiple of 2^(e-1) with
+          ties to even (the even grid neighbour: the tie 0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4);
+        - SR: lower = m truncated to one mantissa bit (to a multiple of 0.5 below 1), then
+          lower + 2^(e-1) if uniform * 2^(e-1) < m - lower (both sides exact), so
+          P(up) = (m - lower) / spacing.
+        About a quarter of the instructions of a comparison ladder; the kernels are issue-bound.
+        A NaN gives 0 and code 0 (its block's NaN scale makes the value NaN).
+        """
         magnitude = tl.abs(scaled)
         magnitude = tl.where(magnitude > 6.0, 6.0, magnitude)
+        bits = magnitude.to(tl.int32, bitcast=True)
+        biased_exponent = bits >> 23  # magnitude >= 0: no sign bit; 255 for NaN
         if STOCHASTIC:
-            lower = (
-                (magnitude >= 0.5).to(tl.int32)
-                + (magnitude >= 1.0).to(tl.int32)
-                + (magnitude >= 1.5).to(tl.int32)
-                + (magnitude >= 2.0).to(tl.int32)
-                + (magnitude >= 3.0).to(tl.int32)
-                + (magnitude >= 4.0).to(tl.int32)
-                + (magnitude >= 6.0).to(tl.int32)
-            )
-            lower_f = lower.to(tl.float32)
-            lower_value = tl.where(lower < 4, lower_f * 0.5, tl.where(lower == 7, 6.0, lower_f - 2.0))
-            inverse_step = tl.where(lower < 4, 2.0, tl.where(lower < 6, 1.0, tl.where(lower == 6, 0.5, 0.0)))
-            fraction = (magnitude - lower_value) * inverse_step
-            index = lower + (uniform < fraction).to(tl.int32)
+            normal = biased_exponent >= 127
+            truncated = (bits & -4194304).to(tl.float32, bitcast=True)  # keep one mantissa bit
+            lower = tl.where(normal, truncated, (magnitude * 2.0).to(tl.int32).to(tl.float32) * 0.5)
+            step = tl.where(normal, ((biased_exponent - 1) << 23).to(tl.float32, bitcast=True), 0.5)
+            value = tl.where(uniform * step < magnitude - lower, lower + step, lower)
         else:
-            index = (
-                (magnitude > 0.25).to(tl.int32)
-                + (magnitude >= 0.75).to(tl.int32)
-                + (magnitude > 1.25).to(tl.int32)
-                + (magnitude >= 1.75).to(tl.int32)
-                + (magnitude > 2.5).to(tl.int32)
-                + (magnitude >= 3.5).to(tl.int32)
-                + (magnitude > 5.0).to(tl.int32)
-            )
-        index_f = index.to(tl.float32)
-        value = tl.where(index < 4, index_f * 0.5, tl.where(index == 7, 6.0, index_f - 2.0))
+            magic = ((tl.maximum(biased_exponent, 127) + 22) << 23).to(tl.float32, bitcast=True)
+            value = (magnitude + magic) - magic
+        value = tl.where(magnitude == magnitude, value, 0.0)
+        value_bits = value.to(tl.int32, bitcast=True)
+        value_exponent = value_bits >> 23
+        index = tl.where(value_exponent >= 127, ((value_exponent - 126) << 1) | ((value_bits >> 22) & 1),
+                         (value * 2.0).to(tl.int32))
         negative = (scaled.to(tl.int32, bitcast=True) < 0) & (scaled == scaled)
         value = tl.where(negative, -value, value)
         code = index | tl.where(negative, 8, 0)
@@ -326,22 +333,38 @@ if triton is not None:
         return block
 
     @triton.jit
-    def _amax_rows_kernel(
-        x_ptr, partials_ptr, rows, cols, num_tiles_c, num_tiles, num_programs,
-        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    ):
-        """Persistent: partial max |x| (NaN -> Inf) over tiles pid, pid + P, ... into partials[pid]."""
+    def _tile_of_program(num_tiles_c, REVERSED: tl.constexpr):
+        """(tile row, tile col) of this program in a 1D row-major grid over the tiles. REVERSED walks
+        the tiles from the last: the amax pass reads x front to back, so its tail is still in L2 when
+        the quantize pass starts there."""
         pid = tl.program_id(0)
-        accumulator = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-        for step in range(0, tl.cdiv(num_tiles, num_programs)):
-            tile = pid + step * num_programs  # tiles past the end load nothing (masked)
-            row = (tile // num_tiles_c) * BLOCK_R + tl.arange(0, BLOCK_R)
-            col = (tile % num_tiles_c) * BLOCK_C + tl.arange(0, BLOCK_C)
-            mask = (row < rows)[:, None] & (col < cols)[None, :] & (tile < num_tiles)
-            offsets = row.to(tl.int64)[:, None] * cols + col[None, :]
-            x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            accumulator = tl.maximum(accumulator, abs_nan_to_inf(x))
-        tl.store(partials_ptr + pid, tl.max(tl.max(accumulator, axis=1), axis=0))
+        if REVERSED:
+            pid = tl.num_programs(0) - 1 - pid
+        return pid // num_tiles_c, pid % num_tiles_c
+
+    @triton.jit
+    def _uniform_from_byte(word, SHIFT: tl.constexpr):
+        """(byte + 1/2) / 256 for the byte of the uint32 ``word`` at bit SHIFT: a uniform with 8 random
+        bits, the midpoint of its 1/256 bin (so P(round up) = round(256 f) / 256, within 1/512 of f)."""
+        return (((word >> SHIFT) & 255).to(tl.float32) + 0.5) * 0.00390625
+
+    @triton.jit
+    def _amax_chunks_kernel(x_ptr, amax_ptr, numel, per_program, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+        """amax_ptr[0] = max(amax_ptr[0], max |x| (NaN -> Inf) over the flat chunk [pid * per_program,
+        +per_program)), by one atomic max per program (amax_ptr starts at 0; values are >= 0).
+
+        per_program is a multiple of BLOCK * UNROLL; the UNROLL loads of a step are independent, so
+        they are all in flight before the max. A persistent loop with one load per step read x at
+        ~40% of copy bandwidth on the H200; this reads it at ~96% (8192 x 20480 bf16)."""
+        pid = tl.program_id(0)
+        start = pid.to(tl.int64) * per_program
+        accumulator = tl.zeros([BLOCK], dtype=tl.float32)
+        for step in range(0, per_program, BLOCK * UNROLL):
+            for unrolled in tl.static_range(UNROLL):
+                offsets = start + step + unrolled * BLOCK + tl.arange(0, BLOCK)
+                x = tl.load(x_ptr + offsets, mask=offsets < numel, other=0.0).to(tl.float32)
+                accumulator = tl.maximum(accumulator, abs_nan_to_inf(x))
+        tl.atomic_max(amax_ptr, tl.max(accumulator, axis=0))
 
     @triton.jit
     def _amax_columns_rht_kernel(
@@ -390,10 +413,11 @@ if triton is not None:
         STOCHASTIC: tl.constexpr,
         WRITE_CODES: tl.constexpr,
         SCALES_FROM_AMAX: tl.constexpr,
+        REVERSED: tl.constexpr,
+        SR_BITS: tl.constexpr,
     ):
         """One [BLOCK_R, BLOCK_C] tile: 1x16 blocks along cols, or (TWO_D, BLOCK_R == 16) 16x16 tiles."""
-        pid_r = tl.program_id(0)
-        pid_c = tl.program_id(1)
+        pid_r, pid_c = _tile_of_program(tl.cdiv(cols, BLOCK_C), REVERSED)
         encode, decode = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), SCALES_FROM_AMAX)
         row = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -416,7 +440,17 @@ if triton is not None:
             tl.store(scales_ptr + scale_offsets, code, mask=scale_mask)
         reciprocal = _block_reciprocal(scale, decode)
         scaled = x3 * tl.reshape(reciprocal, [BLOCK_R, BLOCK_C // 16, 1])
-        if STOCHASTIC:
+        if STOCHASTIC and SR_BITS == 8:
+            # One Philox call per 16-element block (counter = the first element's offset): four
+            # words, 8 bits per element; element 4 w + b of the block gets byte b of word w.
+            block_col = pid_c * BLOCK_C + 16 * tl.arange(0, BLOCK_C // 16)
+            block_offsets = row.to(tl.int64)[:, None] * cols + block_col[None, :]  # [BLOCK_R, BLOCK_C / 16]
+            w0, w1, w2, w3 = tl.randint4x(tl.load(seed_ptr), block_offsets)
+            words = tl.reshape(tl.join(tl.join(w0, w1), tl.join(w2, w3)), [BLOCK_R, BLOCK_C // 16, 4])
+            shifts = (8 * tl.arange(0, 4)).to(tl.uint32)
+            random_bytes = (words[:, :, :, None] >> shifts[None, None, None, :]) & 255  # [.., word, byte]
+            uniform = tl.reshape((random_bytes.to(tl.float32) + 0.5) * 0.00390625, [BLOCK_R, BLOCK_C // 16, 16])
+        elif STOCHASTIC:
             # One Philox call per 4 consecutive elements (counter = the first one's offset), the
             # four draws interleaved back: column 4k + 2a + b gets draw 2a + b of counter k.
             quad_col = pid_c * BLOCK_C + 4 * tl.arange(0, BLOCK_C // 4)
@@ -449,12 +483,18 @@ if triton is not None:
 
     @triton.jit
     def _quantize_store_4_rows(
-        xa, xb, xc, xd, j, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr, seed,
-        STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr,
+        xa, xb, xc, xd, j, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr, seed, word,
+        STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr, SR_BITS: tl.constexpr,
     ):
-        """Rows 16 g + j .. j + 3: one Philox call (counter = row j's element offsets) draws all four
-        rows' uniforms, where one ``tl.rand`` per element would run Philox four times as often."""
-        if STOCHASTIC:
+        """Rows 16 g + j .. j + 3. SR_BITS 8: their uniforms are the four bytes of ``word``; 32: one
+        Philox call (counter = row j's element offsets) draws all four rows' uniforms, where one
+        ``tl.rand`` per element would run Philox four times as often."""
+        if STOCHASTIC and SR_BITS == 8:
+            ua = _uniform_from_byte(word, 0)
+            ub = _uniform_from_byte(word, 8)
+            uc = _uniform_from_byte(word, 16)
+            ud = _uniform_from_byte(word, 24)
+        elif STOCHASTIC:
             ua, ub, uc, ud = tl.rand4x(seed, base_offsets + j * cols)
         else:
             ua = xa
@@ -488,10 +528,11 @@ if triton is not None:
         STOCHASTIC: tl.constexpr,
         WRITE_CODES: tl.constexpr,
         SCALES_FROM_AMAX: tl.constexpr,
+        REVERSED: tl.constexpr,
+        SR_BITS: tl.constexpr,
     ):
         """GROUPS groups of 16 rows x BLOCK_C cols; blocks are 16x1 (down the columns)."""
-        pid_g = tl.program_id(0)
-        pid_c = tl.program_id(1)
+        pid_g, pid_c = _tile_of_program(tl.cdiv(cols, BLOCK_C), REVERSED)
         encode, decode = _load_global_scales(global_ptr, amax_ptr, (pid_g == 0) & (pid_c == 0), SCALES_FROM_AMAX)
         group = pid_g * GROUPS + tl.arange(0, GROUPS)
         col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -512,14 +553,23 @@ if triton is not None:
             seed = tl.load(seed_ptr)
         else:
             seed = 0
+        if STOCHASTIC and SR_BITS == 8:
+            # One Philox call per 16x1 block (counter = its first element's offset): row 16 g + 4 w + b
+            # gets byte b of word w.
+            w0, w1, w2, w3 = tl.randint4x(seed, base_offsets)
+        else:
+            w0 = seed
+            w1 = seed
+            w2 = seed
+            w3 = seed
         _quantize_store_4_rows(x0, x1, x2, x3, 0, reciprocal, scale, base_offsets, cols, mask,
-                               values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+                               values_ptr, codes_ptr, seed, w0, STOCHASTIC, WRITE_CODES, SR_BITS)
         _quantize_store_4_rows(x4, x5, x6, x7, 4, reciprocal, scale, base_offsets, cols, mask,
-                               values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+                               values_ptr, codes_ptr, seed, w1, STOCHASTIC, WRITE_CODES, SR_BITS)
         _quantize_store_4_rows(x8, x9, x10, x11, 8, reciprocal, scale, base_offsets, cols, mask,
-                               values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+                               values_ptr, codes_ptr, seed, w2, STOCHASTIC, WRITE_CODES, SR_BITS)
         _quantize_store_4_rows(x12, x13, x14, x15, 12, reciprocal, scale, base_offsets, cols, mask,
-                               values_ptr, codes_ptr, seed, STOCHASTIC, WRITE_CODES)
+                               values_ptr, codes_ptr, seed, w3, STOCHASTIC, WRITE_CODES, SR_BITS)
 
 
 if triton is not None:
@@ -557,13 +607,23 @@ if triton is not None:
 # for the former 2 x 128 x 8; rows kept 16 x 128 x 4, the best for stochastic rounding.
 ROWS_CONFIG = (16, 128, 4)
 COLUMNS_CONFIG = (4, 128, 8)
-AMAX_CONFIG = (16, 256, 4)
+AMAX_REDUCTION = "triton"
+"""How the per-tensor amax of the non-RHT kernels is taken: "triton" (``_amax_chunks_kernel``, 16K
+elements per program, one atomic max each, into a zeroed fp32) or "torch" (one ATen/Inductor max-abs
+reduction). On the H200 (8192 x 20480 bf16, GPU time) the Triton pass reads x at ~96% of copy
+bandwidth, torch's at ~73%; scripts/bench_quant.py times both."""
+AMAX_CHUNK = (4096, 4, 8)
+"""(elements per load, loads in flight, num_warps) of ``_amax_chunks_kernel``."""
+AMAX_MAX_PROGRAMS = 4096
+"""At most this many programs (and atomics) in the Triton amax pass: larger tensors give each more."""
 AMAX_PROGRAMS_PER_SM = 4
-AMAX_REDUCTION = "torch"
-"""How the per-tensor amax of the non-RHT kernels is taken: "torch" (one ATen/Inductor max-abs
-reduction) or "triton" (the persistent ``_amax_rows_kernel`` with AMAX_CONFIG). The latter read x
-at ~1.25 TB/s on the H200 (67 us for 8192 x 5120 bf16); scripts/bench_quant.py times both."""
+"""Programs per SM of the persistent RHT amax kernel."""
 MAX_PARTIALS = 4096
+REVERSED_QUANTIZE_PASS = True
+"""Walk the quantize pass's tiles from the last (reading first what the amax pass read last)."""
+SR_BITS = 8
+"""Random bits per element of stochastic rounding: 8 (one Philox call per 16 elements, as TE's
+cvt.rs.e2m1x4 takes one 32-bit word per 4 values) or 32 (one per 4 elements)."""
 
 
 def _check_input(x: torch.Tensor, rows_multiple: int, what: str, name: Optional[str]) -> None:
@@ -599,16 +659,28 @@ def _amax_programs(x: torch.Tensor, num_tiles: int) -> int:
     return max(1, min(num_tiles, AMAX_PROGRAMS_PER_SM * sms, MAX_PARTIALS))
 
 
-def _amax_by_torch(x: torch.Tensor) -> torch.Tensor:
-    """max |x| as a 1-element tensor in x's dtype, by ATen's (or, inside torch.compile, Inductor's)
-    reduction. A max is exact in any order and dtype (it is one of x's values); a NaN or Inf in x
-    comes out as NaN or Inf, which the kernels turn into a NaN decode scale, as the persistent
-    amax kernel does."""
-    return torch.linalg.vector_norm(x, float("inf")).reshape(1)
+def tensor_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as a 1-element tensor (fp32 by the Triton pass, x's dtype by torch's; see
+    AMAX_REDUCTION). A max is exact in any order and dtype (it is one of x's values, or 0); a NaN or
+    Inf in x comes out as Inf (Triton) or NaN/Inf (torch), which the kernels turn into a NaN decode
+    scale."""
+    if AMAX_REDUCTION == "torch":
+        # ATen's reduction (inside torch.compile, Inductor's)
+        return torch.linalg.vector_norm(x, float("inf")).reshape(1)
+    block, unroll, warps = AMAX_CHUNK
+    numel = x.numel()
+    step = block * unroll
+    per_program = step * triton.cdiv(numel, step * AMAX_MAX_PROGRAMS)
+    amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+    _amax_chunks_kernel[(triton.cdiv(numel, per_program),)](
+        x, amax, numel, per_program, BLOCK=block, UNROLL=unroll, num_warps=warps, enable_fp_fusion=False,
+    )
+    return amax
 
 
 def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_cols: int = 128) -> torch.Tensor:
-    """[S_enc, S_dec] (fp32, on x's device) from max |x| (or max |rht along dim 0 (x)|): two launches."""
+    """[S_enc, S_dec] (fp32, on x's device) from max |x| (or max |rht along dim 0 (x)|): two launches
+    (the amax pass, then a one-program finalize)."""
     rows, cols = x.shape
     if rht:
         groups = rows // 16
@@ -620,19 +692,9 @@ def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_c
             x, partials, groups, cols, tiles_c, num_tiles, programs, GROUPS=rht_groups, BLOCK_C=rht_cols,
             ROUND_BF16=x.dtype == torch.bfloat16, num_warps=4, enable_fp_fusion=False,
         )
-    elif AMAX_REDUCTION == "torch":
-        programs = 1
-        partials = _amax_by_torch(x)
     else:
-        block_r, block_c, warps = AMAX_CONFIG
-        tiles_c = triton.cdiv(cols, block_c)
-        num_tiles = triton.cdiv(rows, block_r) * tiles_c
-        programs = _amax_programs(x, num_tiles)
-        partials = torch.empty(programs, dtype=torch.float32, device=x.device)
-        _amax_rows_kernel[(programs,)](
-            x, partials, rows, cols, tiles_c, num_tiles, programs, BLOCK_R=block_r, BLOCK_C=block_c,
-            num_warps=warps, enable_fp_fusion=False,
-        )
+        programs = 1
+        partials = tensor_amax(x)
     global_scales = torch.empty(2, dtype=torch.float32, device=x.device)
     _finalize_scales_kernel[(1,)](
         partials, programs, global_scales, PARTIALS_POW2=max(32, triton.next_power_of_2(programs)),
@@ -642,14 +704,14 @@ def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_c
 
 
 def _global_scales_or_amax(x: torch.Tensor, *, rht: bool):
-    """(global_scales [2] fp32, amax) for a quantize kernel. With torch's amax reduction and no RHT the
-    finalize launch is skipped: ``amax`` is max |x| (one value) and the kernel derives [S_enc, S_dec]
-    itself, writing them into the (uninitialized) ``global_scales``; otherwise ``global_scales`` is
+    """(global_scales [2] fp32, amax) for a quantize kernel. Without RHT there is no finalize launch:
+    ``amax`` is max |x| (one value, ``tensor_amax``) and the kernel derives [S_enc, S_dec] itself,
+    writing them into the (uninitialized) ``global_scales``; with RHT ``global_scales`` is
     amax_global_scales' output and ``amax`` is that same tensor (a placeholder the kernel ignores)."""
-    if rht or AMAX_REDUCTION != "torch":
-        global_scales = amax_global_scales(x, rht=rht)
+    if rht:
+        global_scales = amax_global_scales(x, rht=True)
         return global_scales, global_scales
-    return torch.empty(2, dtype=torch.float32, device=x.device), _amax_by_torch(x)
+    return torch.empty(2, dtype=torch.float32, device=x.device), tensor_amax(x)
 
 
 def _outputs(x, scales_shape, out_dtype, write_codes):
@@ -688,11 +750,12 @@ def nvfp4_quantize_rows(
     scales_shape = (rows // 16, cols // 16) if two_d else (rows, cols // 16)
     values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes)
     seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+    grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
     _quantize_rows_kernel[grid](
         x, values, codes, scales.view(torch.uint8), global_scales, amax, seed_tensor, rows, cols,
         BLOCK_R=block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic, WRITE_CODES=write_codes,
-        SCALES_FROM_AMAX=amax is not global_scales, num_warps=warps, enable_fp_fusion=False,
+        SCALES_FROM_AMAX=amax is not global_scales, REVERSED=REVERSED_QUANTIZE_PASS, SR_BITS=SR_BITS,
+        num_warps=warps, enable_fp_fusion=False,
     )
     return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)
 
@@ -721,12 +784,12 @@ def nvfp4_quantize_columns(
     global_scales, amax = _global_scales_or_amax(x, rht=rht)
     values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes)
     seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
-    grid = (triton.cdiv(rows // 16, groups_per_program), triton.cdiv(cols, block_c))
+    grid = (triton.cdiv(rows // 16, groups_per_program) * triton.cdiv(cols, block_c),)
     _quantize_columns_kernel[grid](
         x, values, codes, scales.view(torch.uint8), global_scales, amax, seed_tensor, rows // 16, cols,
         GROUPS=groups_per_program, BLOCK_C=block_c, RHT=rht, ROUND_BF16=x.dtype == torch.bfloat16,
         STOCHASTIC=stochastic, WRITE_CODES=write_codes, SCALES_FROM_AMAX=amax is not global_scales,
-        num_warps=warps, enable_fp_fusion=False,
+        REVERSED=REVERSED_QUANTIZE_PASS, SR_BITS=SR_BITS, num_warps=warps, enable_fp_fusion=False,
     )
     return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)
 

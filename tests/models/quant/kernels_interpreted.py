@@ -56,14 +56,26 @@ def check_nvfp4_round_to_nearest() -> None:
                       quantize(rht(x.t()), "nvfp4"), True, f"columns RHT {what}")
 
 
-def check_nvfp4_persistent_amax_kernel() -> None:
-    """The Triton amax pass (kernels.AMAX_REDUCTION = "triton") gives the same decode scale."""
-    x = oracle.fresh_input(64, 256, 1.0, torch.float32).to(torch.bfloat16)
-    kernels.AMAX_REDUCTION = "triton"
+def check_nvfp4_amax_passes() -> None:
+    """Both amax passes (kernels.AMAX_REDUCTION "triton" and "torch") give the reference's outputs,
+    also where the Triton pass has many programs, each several steps, and a ragged tail; a NaN
+    gives a NaN decode scale through either."""
+    saved = kernels.AMAX_REDUCTION, kernels.AMAX_CHUNK, kernels.AMAX_MAX_PROGRAMS
     try:
-        compare_nvfp4(kernels.nvfp4_quantize_rows(x, write_codes=True), quantize(x, "nvfp4"), False, "triton amax")
+        for reduction, chunk, max_programs in [("triton", (64, 2, 4), 3), ("triton", (4096, 4, 8), 4096),
+                                                ("torch", None, None)]:
+            kernels.AMAX_REDUCTION = reduction
+            if chunk is not None:
+                kernels.AMAX_CHUNK, kernels.AMAX_MAX_PROGRAMS = chunk, max_programs
+            for rows, cols in [(64, 256), (37, 48)]:
+                x = oracle.fresh_input(rows, cols, 1.0, torch.float32).to(torch.bfloat16)
+                what = f"{reduction} amax {chunk} {rows}x{cols}"
+                compare_nvfp4(kernels.nvfp4_quantize_rows(x, write_codes=True), quantize(x, "nvfp4"), False, what)
+                same_bits(kernels.tensor_amax(x).float(), x.float().abs().amax().reshape(1), what)
+                x[rows // 2, cols - 1] = math.nan
+                assert kernels.nvfp4_quantize_rows(x).decode_scale.isnan().all(), what
     finally:
-        kernels.AMAX_REDUCTION = "torch"
+        kernels.AMAX_REDUCTION, kernels.AMAX_CHUNK, kernels.AMAX_MAX_PROGRAMS = saved
 
 
 def check_nvfp4_ties() -> None:
@@ -223,7 +235,7 @@ def check_fp8_quantize_ops() -> None:
                 same_bits(got, want, what)
 
 
-CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_persistent_amax_kernel, check_nvfp4_ties,
+CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_amax_passes, check_nvfp4_ties,
           check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise,
           check_fp8_per_tensor, check_fp8_quantize_ops, check_gemm_output_epilogue]
 
