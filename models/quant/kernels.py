@@ -242,7 +242,7 @@ if triton is not None:
         return tl.where(reciprocal > 3.4028234663852886e38, 3.4028234663852886e38, reciprocal)
 
     @triton.jit
-    def _round_e2m1(scaled, uniform, STOCHASTIC: tl.constexpr):
+    def _round_e2m1(scaled, uniform, STOCHASTIC: tl.constexpr, BY_BITS: tl.constexpr = True):
         """E2M1 of fp32 scaled (already times r_b): (grid value with sign as fp32, uint8 code).
 
         By the bits of |scaled| (clamped to 6), not by comparing with the grid: E2M1 values are the
@@ -255,9 +255,28 @@ if triton is not None:
           P(up) = (m - lower) / spacing.
         About a quarter of the instructions of a comparison ladder; the kernels are issue-bound.
         A NaN gives 0 and code 0 (its block's NaN scale makes the value NaN).
+
+        BY_BITS=False: the comparison ladder (RNE only), the same results. The 2D (16x16) kernel
+        uses it: with the bit arithmetic it ran 6-10x slower on the H200 (749 against 116 us for
+        8192 x 5120, run 10-3), for a reason its PTX and SASS do not show.
         """
         magnitude = tl.abs(scaled)
         magnitude = tl.where(magnitude > 6.0, 6.0, magnitude)
+        if not BY_BITS:
+            tl.static_assert(not STOCHASTIC, "the comparison ladder rounds to nearest only")
+            index = (
+                (magnitude > 0.25).to(tl.int32)
+                + (magnitude >= 0.75).to(tl.int32)
+                + (magnitude > 1.25).to(tl.int32)
+                + (magnitude >= 1.75).to(tl.int32)
+                + (magnitude > 2.5).to(tl.int32)
+                + (magnitude >= 3.5).to(tl.int32)
+                + (magnitude > 5.0).to(tl.int32)
+            )
+            index_f = index.to(tl.float32)
+            value = tl.where(index < 4, index_f * 0.5, tl.where(index == 7, 6.0, index_f - 2.0))
+            negative = (scaled.to(tl.int32, bitcast=True) < 0) & (scaled == scaled)
+            return tl.where(negative, -value, value), (index | tl.where(negative, 8, 0)).to(tl.uint8)
         bits = magnitude.to(tl.int32, bitcast=True)
         biased_exponent = bits >> 23  # magnitude >= 0: no sign bit; 255 for NaN
         if STOCHASTIC:
@@ -415,6 +434,7 @@ if triton is not None:
         SCALES_FROM_AMAX: tl.constexpr,
         REVERSED: tl.constexpr,
         SR_BITS: tl.constexpr,
+        TWO_D_BY_BITS: tl.constexpr,
     ):
         """One [BLOCK_R, BLOCK_C] tile: 1x16 blocks along cols, or (TWO_D, BLOCK_R == 16) 16x16 tiles."""
         pid_r, pid_c = _tile_of_program(tl.cdiv(cols, BLOCK_C), REVERSED)
@@ -459,7 +479,7 @@ if triton is not None:
             uniform = tl.reshape(tl.join(tl.join(u0, u1), tl.join(u2, u3)), [BLOCK_R, BLOCK_C // 16, 16])
         else:
             uniform = scaled
-        value, code_e2m1 = _round_e2m1(scaled, uniform, STOCHASTIC)
+        value, code_e2m1 = _round_e2m1(scaled, uniform, STOCHASTIC, BY_BITS=not TWO_D or TWO_D_BY_BITS)
         value = value * tl.reshape(scale, [BLOCK_R, BLOCK_C // 16, 1])
         value = tl.reshape(value, [BLOCK_R, BLOCK_C])
         tl.store(values_ptr + offsets, value.to(values_ptr.dtype.element_ty), mask=mask)
@@ -621,6 +641,9 @@ AMAX_PROGRAMS_PER_SM = 4
 MAX_PARTIALS = 4096
 REVERSED_QUANTIZE_PASS = True
 """Walk the quantize pass's tiles from the last (reading first what the amax pass read last)."""
+TWO_D_BY_BITS = False
+"""Whether the 2D (16x16, weights) kernel rounds by the value's bits, as the others do (see
+``_round_e2m1``: off, it ran 6-10x slower that way on the H200)."""
 SR_BITS = 8
 """Random bits per element of stochastic rounding: 8 (one Philox call per 16 elements, as TE's
 cvt.rs.e2m1x4 takes one 32-bit word per 4 values) or 32 (one per 4 elements)."""
@@ -755,7 +778,7 @@ def nvfp4_quantize_rows(
         x, values, codes, scales.view(torch.uint8), global_scales, amax, seed_tensor, rows, cols,
         BLOCK_R=block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic, WRITE_CODES=write_codes,
         SCALES_FROM_AMAX=amax is not global_scales, REVERSED=REVERSED_QUANTIZE_PASS, SR_BITS=SR_BITS,
-        num_warps=warps, enable_fp_fusion=False,
+        TWO_D_BY_BITS=TWO_D_BY_BITS, num_warps=warps, enable_fp_fusion=False,
     )
     return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)
 
