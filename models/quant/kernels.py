@@ -257,8 +257,10 @@ if triton is not None:
         A NaN gives 0 and code 0 (its block's NaN scale makes the value NaN).
 
         BY_BITS=False: the comparison ladder (RNE only), the same results. The 2D (16x16) kernel
-        uses it: with the bit arithmetic it ran 6-10x slower on the H200 (749 against 116 us for
-        8192 x 5120, run 10-3), for a reason its PTX and SASS do not show.
+        uses it: with the bit arithmetic, Triton 3.6 on the H200 compiled that kernel to 255
+        registers and spilled (62 local-memory instructions; the ladder's: 40 registers, none), and
+        it ran 6-7x slower (748 against 116 us for 8192 x 5120, run Y). Triton 3.7 compiling
+        offline for sm_90a gives 40 registers either way.
         """
         magnitude = tl.abs(scaled)
         magnitude = tl.where(magnitude > 6.0, 6.0, magnitude)
@@ -642,8 +644,8 @@ MAX_PARTIALS = 4096
 REVERSED_QUANTIZE_PASS = True
 """Walk the quantize pass's tiles from the last (reading first what the amax pass read last)."""
 TWO_D_BY_BITS = False
-"""Whether the 2D (16x16, weights) kernel rounds by the value's bits, as the others do (see
-``_round_e2m1``: off, it ran 6-10x slower that way on the H200)."""
+"""Whether the 2D (16x16, weights) kernel rounds by the value's bits, as the others do (off: that
+way it spilled registers and ran 6-7x slower on the H200 with Triton 3.6, see ``_round_e2m1``)."""
 SR_BITS = 8
 """Random bits per element of stochastic rounding: 8 (one Philox call per 16 elements, as TE's
 cvt.rs.e2m1x4 takes one 32-bit word per 4 values) or 32 (one per 4 elements)."""

@@ -88,6 +88,53 @@ def check_nvfp4_ties() -> None:
                   "ties columns")
 
 
+if kernels.has_triton():
+    from models.quant.kernels import _round_e2m1, tl, triton
+
+    @triton.jit
+    def _round_e2m1_probe(scaled_ptr, uniform_ptr, values_ptr, codes_ptr, n, STOCHASTIC: tl.constexpr,
+                          BY_BITS: tl.constexpr, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        scaled = tl.load(scaled_ptr + offsets, mask=mask, other=0.0)
+        uniform = tl.load(uniform_ptr + offsets, mask=mask, other=0.0)
+        value, code = _round_e2m1(scaled, uniform, STOCHASTIC, BY_BITS)
+        tl.store(values_ptr + offsets, value, mask=mask)
+        tl.store(codes_ptr + offsets, code, mask=mask)
+
+
+def check_e2m1_rounding_of_every_kind_of_value() -> None:
+    """The kernels' element rounding (by the value's bits, and the comparison ladder) against the
+    reference's codes (formats._round_e2m1) on every multiple of 2^-12 in [0, 8], the ties, random
+    fp32, subnormals, +-0, +-Inf and NaN, both signs; stochastic rounding with given uniforms,
+    including the 8-bit midpoints (b + 1/2) / 256 the kernels draw."""
+    from models.quant.formats import _round_e2m1 as reference_codes
+
+    generator = torch.Generator().manual_seed(0)
+    magnitudes = torch.cat([
+        torch.arange(0, 8 * 4096 + 1, dtype=torch.float32) / 4096,
+        torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 1e-40, 2.0**-126, 3e38, math.inf]),
+        torch.rand(20000, generator=generator) * 7,
+        torch.rand(2000, generator=generator) * 2.0**-20,
+    ])
+    scaled = torch.cat([magnitudes, -magnitudes, torch.tensor([math.nan, -math.nan])])
+    uniform_draws = torch.rand(scaled.numel(), generator=generator)
+    midpoints = (torch.randint(0, 256, (scaled.numel(),), generator=generator).float() + 0.5) / 256
+    grid = torch.tensor(E2M1_GRID)
+    for stochastic, by_bits, uniform in [(False, True, uniform_draws), (False, False, uniform_draws),
+                                         (True, True, uniform_draws), (True, True, midpoints)]:
+        values = torch.empty_like(scaled)
+        codes = torch.empty(scaled.shape, dtype=torch.uint8)
+        block = 1024
+        _round_e2m1_probe[(triton.cdiv(scaled.numel(), block),)](
+            scaled, uniform, values, codes, scaled.numel(), STOCHASTIC=stochastic, BY_BITS=by_bits, BLOCK=block)
+        expected = reference_codes(scaled, "stochastic" if stochastic else "nearest", uniform)
+        what = f"E2M1 rounding stochastic={stochastic} by_bits={by_bits}"
+        assert torch.equal(codes, expected), f"{what}: {int((codes != expected).sum())} codes differ"
+        decoded = torch.where((expected & 8) != 0, -grid[(expected & 7).long()], grid[(expected & 7).long()])
+        same_bits(values, decoded, what)
+
+
 def check_nvfp4_non_finite() -> None:
     for bad in (math.nan, math.inf):
         x = torch.randn(32, 64, dtype=torch.bfloat16)
@@ -235,7 +282,7 @@ def check_fp8_quantize_ops() -> None:
                 same_bits(got, want, what)
 
 
-CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_amax_passes, check_nvfp4_ties,
+CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_amax_passes, check_nvfp4_ties, check_e2m1_rounding_of_every_kind_of_value,
           check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise,
           check_fp8_per_tensor, check_fp8_quantize_ops, check_gemm_output_epilogue]
 

@@ -182,9 +182,10 @@ def test_stochastic_columns_with_rht_neighbours_and_unbiased(kernels):
 def _assert_draws_independent(q: torch.Tensor, v: torch.Tensor) -> None:
     """Rounding-up decisions of different elements are uncorrelated over the draws.
 
-    q: [draws, n] rounded grid values, v: [n] the scaled targets. One Philox call serves four
-    elements; if two of them were handed the same uniform, their up/down decisions would be
-    correlated (~0.5 and more), which unbiasedness alone would not reveal.
+    q: [draws, n] rounded grid values, v: [n] the scaled targets. One Philox call serves a
+    16-element block (a byte of its four words each); if two of them were handed the same bits,
+    their up/down decisions would be correlated (~0.5 and more), which unbiasedness alone would
+    not reveal.
     """
     up = (q.abs() > v.abs()).float()
     p = up.mean(0)
@@ -195,7 +196,7 @@ def _assert_draws_independent(q: torch.Tensor, v: torch.Tensor) -> None:
     assert off_diagonal.abs().max() < 0.05, off_diagonal.abs().max()
 
 
-def test_stochastic_draws_independent_within_philox_quads(kernels):
+def test_stochastic_draws_independent_within_philox_calls(kernels):
     draws = 20000
     _assert_draws_independent(*_stochastic_rows(kernels, draws, seed=3)[2:])
 
