@@ -1,0 +1,131 @@
+"""What the NVFP4 quantization kernels compile to, without a GPU (scripts/kernel_resources.py).
+
+Each kernel variant at its default launch configuration is compiled by the installed Triton for a
+CUDA target (sm_90a by default: the H200), with the specializations a launch on real tensors gets
+(16-divisible pointers and sizes), then assembled by the ptxas that ships with Triton:
+registers per thread, spilled bytes, local-memory instructions and SASS instructions. The kernels
+are issue-bound, so the SASS count is a fair first proxy for their speed, and a spill is a red
+flag: with Triton 3.6 (the GPU machine's) the 2D kernel once compiled to 255 registers and spilled,
+and ran 6-7x slower (docs/performance.md, run Y); this tool reproduces that offline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import List
+
+from models.quant import kernels
+
+POINTER_DTYPES = {"bf16": "*bf16", "fp32": "*fp32"}
+
+
+@dataclass
+class KernelResources:
+    name: str
+    input_dtype: str
+    registers: int
+    spill_bytes: int
+    local_memory_instructions: int
+    sass_instructions: int
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: this Triton ships no {name} (needed to assemble the PTX)")
+    return path
+
+
+def _compile(kernel, signature: dict, constexprs: dict, num_warps: int, capability: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = kernel.arg_names
+    divisible = [name for name, kind in signature.items() if kind != "constexpr"]
+    source = ASTSource(
+        fn=kernel,
+        signature={**signature, **{name: "constexpr" for name in constexprs}},
+        constexprs={(names.index(name),): value for name, value in constexprs.items()},
+        attrs={(names.index(name),): [["tt.divisibility", 16]] for name in divisible},
+    )
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": num_warps, "enable_fp_fusion": False})
+
+
+def assemble(ptx: str, capability: int) -> tuple:
+    """(registers, spill bytes, local-memory instructions, SASS instructions) of one PTX kernel."""
+    arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
+    with tempfile.TemporaryDirectory() as directory:
+        ptx_path, cubin_path = os.path.join(directory, "k.ptx"), os.path.join(directory, "k.cubin")
+        with open(ptx_path, "w") as handle:
+            handle.write(ptx)
+        report = subprocess.run([_tool("ptxas"), f"-arch={arch}", "-v", ptx_path, "-o", cubin_path],
+                                capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin_path], capture_output=True, text=True,
+                              check=True).stdout
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    spill_bytes = int(spills.group(1)) + int(spills.group(2)) if spills else 0
+    instructions = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", line)]
+    local = sum(1 for line in instructions if re.search(r"\b(STL|LDL)\b", line))
+    return registers, spill_bytes, local, len(instructions)
+
+
+def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int):
+    block_r, block_c, warps = kernels.ROWS_CONFIG
+    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
+                 "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
+                 "rows": "i32", "cols": "i32"}
+    constexprs = dict(BLOCK_R=16 if two_d else block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic,
+                      WRITE_CODES=False, SCALES_FROM_AMAX=True, REVERSED=kernels.REVERSED_QUANTIZE_PASS,
+                      SR_BITS=kernels.SR_BITS)
+    return _compile(kernels._quantize_rows_kernel, signature, constexprs, warps, capability)
+
+
+def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capability: int):
+    groups, block_c, warps = kernels.COLUMNS_CONFIG
+    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
+                 "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
+                 "groups": "i32", "cols": "i32"}
+    constexprs = dict(GROUPS=groups, BLOCK_C=block_c, RHT=rht, ROUND_BF16=input_dtype == "bf16",
+                      STOCHASTIC=stochastic, WRITE_CODES=False, SCALES_FROM_AMAX=not rht,
+                      REVERSED=kernels.REVERSED_QUANTIZE_PASS, SR_BITS=kernels.SR_BITS)
+    return _compile(kernels._quantize_columns_kernel, signature, constexprs, warps, capability)
+
+
+VARIANTS = {
+    "rows 1x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=False, capability=cc),
+    "rows 1x16 SR": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=True, capability=cc),
+    "2D 16x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=True, stochastic=False, capability=cc),
+    "columns 16x1 RNE": lambda dtype, cc: _columns_variant(dtype, rht=False, stochastic=False, capability=cc),
+    "columns 16x1 RHT RNE": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=False, capability=cc),
+    "columns 16x1 RHT SR": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=True, capability=cc),
+}
+
+
+def kernel_resources(input_dtypes=("bf16", "fp32"), capability: int = 90, names=None) -> List[KernelResources]:
+    """Compile every variant (or those in ``names``) for each input dtype; one row each."""
+    kernels.require_triton("benchmarks.kernel_resources")
+    rows = []
+    for input_dtype in input_dtypes:
+        for name, build in VARIANTS.items():
+            if names is not None and name not in names:
+                continue
+            registers, spill_bytes, local, sass = assemble(build(input_dtype, capability).asm["ptx"], capability)
+            rows.append(KernelResources(name, input_dtype, registers, spill_bytes, local, sass))
+    return rows
+
+
+def render(rows: List[KernelResources]) -> List[str]:
+    lines = [f"{'kernel':24s} {'input':>5s} {'registers':>9s} {'spill B':>7s} {'local ops':>9s} {'SASS':>6s}"]
+    for row in rows:
+        lines.append(f"{row.name:24s} {row.input_dtype:>5s} {row.registers:9d} {row.spill_bytes:7d} "
+                     f"{row.local_memory_instructions:9d} {row.sass_instructions:6d}")
+    return lines

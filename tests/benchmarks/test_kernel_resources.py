@@ -1,0 +1,56 @@
+"""The NVFP4 quantization kernels compile for the H200 (sm_90a) without spilling registers, checked
+on the CPU (benchmarks/kernel_resources.py: Triton compiles, its bundled ptxas assembles).
+
+Once before, a change that made the kernels faster made the 2D one spill under Triton 3.6 (255
+registers, 6-7x slower on the GPU, docs/performance.md run Y) while Triton 3.7 compiled it fine.
+So the check runs with the installed Triton and, where CI provides it (TRITON_GPU_MACHINE_PATH, a
+directory holding the GPU machine's Triton), with that one in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _check(rows) -> None:
+    by_name = {(row.name, row.input_dtype): row for row in rows}
+    assert len(by_name) == 12, sorted(by_name)
+    for row in rows:
+        assert row.spill_bytes == 0 and row.local_memory_instructions == 0, row
+        assert row.registers <= 128, row
+    for dtype in ("bf16", "fp32"):
+        # The 2D kernel does the rows kernel's work plus one reduction per 16x16 tile: a layout
+        # that replicates the tile in every thread shows as several times the rows kernel's SASS.
+        rows_sass = by_name[("rows 1x16 RNE", dtype)].sass_instructions
+        assert by_name[("2D 16x16 RNE", dtype)].sass_instructions < 1.5 * rows_sass, by_name
+
+
+def test_kernels_compile_without_spills_with_the_installed_triton():
+    from benchmarks.kernel_resources import kernel_resources
+
+    try:
+        rows = kernel_resources()
+    except FileNotFoundError as missing:  # a Triton build without the NVIDIA tools
+        pytest.skip(str(missing))
+    _check(rows)
+
+
+@pytest.mark.skipif(not os.environ.get("TRITON_GPU_MACHINE_PATH"),
+                    reason="TRITON_GPU_MACHINE_PATH (the GPU machine's Triton, which .ci/run installs) is not set")
+def test_kernels_compile_without_spills_with_the_gpu_machines_triton():
+    path = os.environ["TRITON_GPU_MACHINE_PATH"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, str(ROOT)])}
+    result = subprocess.run([sys.executable, "scripts/kernel_resources.py"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "Triton 3.6" in result.stdout, result.stdout  # the GPU machine's version, not the installed one
+    table = [line.split() for line in result.stdout.splitlines()[2:]]
+    assert len(table) == 12 and all(int(fields[-3]) == 0 for fields in table), result.stdout
