@@ -115,13 +115,13 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
     rows = []
 
     def measure(name, run, *, config=None, identical=None, floor=floor_ms):
-        """Time run() eager and graphed; a launch shape that does not compile is reported, not fatal."""
+        """Time run() eager and graphed; a launch shape that does not compile, or a call that cannot be
+        captured, is reported, not fatal (an eager time survives a failed capture)."""
+        eager = graphed = error = None
         try:
             eager = time_ms(run, **timing)
             graphed = graphed_ms(run, **timing)
-            error = None
         except Exception as caught:
-            eager = graphed = None
             error = f"{type(caught).__name__}: {caught}"
         print(f"  {name} {config}: eager {eager} ms, graphed {graphed} ms, identical {identical}", flush=True)
         rows.append({
@@ -218,7 +218,8 @@ def render(rows: list) -> list:
         eager = f"{row['eager_ms'] * 1e3:9.1f}" if row["eager_ms"] is not None else f"{'-':>9s}"
         graphed = f"{row['ms'] * 1e3:10.1f}" if row["ms"] is not None else f"{'-':>10s}"
         if row["error"]:
-            eager, graphed = f"{'error':>9s}", f"{'error':>10s}"
+            eager = eager if row["eager_ms"] is not None else f"{'error':>9s}"
+            graphed = f"{'error':>10s}"
         fraction = f"{row['fraction_of_copy_bw']:10.1%}" if row["fraction_of_copy_bw"] else f"{'-':>10s}"
         identical = {None: "-", True: "yes", False: "NO"}[row["bit_identical"]]
         marker = " *" if row["best_for_kernel"] else ""

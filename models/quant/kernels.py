@@ -19,7 +19,8 @@ Orientations (x is a contiguous 2D [rows, cols] CUDA tensor, bf16 or fp32):
   (scales [rows / 16, cols]) so that no transpose is materialized.
 
 Launches: the amax pass, then the quantize pass. Without RHT the amax pass is one Triton kernel
-reading x at near copy speed (``tensor_amax``: 16K-element chunks, an atomic max into a zeroed fp32;
+reading x at near copy speed after a zero-fill (``tensor_amax``: 16K-element chunks, an atomic max
+into the zeroed fp32;
 or torch's reduction, see AMAX_REDUCTION) and each quantize program derives [S_enc, S_dec] from it;
 with RHT a persistent kernel writes per-program partial maxima of the transformed values and a
 one-program finalize reduces them to [S_enc, S_dec]. The quantize pass walks its tiles from the
@@ -217,7 +218,8 @@ if triton is not None:
     @triton.jit
     def _load_global_scales(global_ptr, amax_ptr, first_program, SCALES_FROM_AMAX: tl.constexpr):
         """(S_enc, S_dec): from the finalize kernel's output, or (SCALES_FROM_AMAX) computed here from
-        the tensor's amax (one value in x's dtype, torch's reduction), the first program writing them
+        the tensor's amax (one value: fp32 from the Triton pass, x's dtype from torch's), the first
+        program writing them
         to global_ptr for the GEMM. Every program computes the same two numbers."""
         if SCALES_FROM_AMAX:
             encode, decode = _global_scales(abs_nan_to_inf(tl.load(amax_ptr).to(tl.float32)))
@@ -345,7 +347,8 @@ if triton is not None:
     @triton.jit
     def _uniform_from_byte(word, SHIFT: tl.constexpr):
         """(byte + 1/2) / 256 for the byte of the uint32 ``word`` at bit SHIFT: a uniform with 8 random
-        bits, the midpoint of its 1/256 bin (so P(round up) = round(256 f) / 256, within 1/512 of f)."""
+        bits, the midpoint of its 1/256 bin (so P(round up) = ceil(256 f - 1/2) / 256, within 1/512
+        of f)."""
         return (((word >> SHIFT) & 255).to(tl.float32) + 0.5) * 0.00390625
 
     @triton.jit
@@ -613,7 +616,7 @@ ROWS_CONFIG = (16, 128, 4)
 COLUMNS_CONFIG = (4, 128, 8)
 AMAX_REDUCTION = "triton"
 """How the per-tensor amax of the non-RHT kernels is taken: "triton" (``_amax_chunks_kernel``, 16K
-elements per program, one atomic max each, into a zeroed fp32) or "torch" (one ATen/Inductor max-abs
+elements per program or more for tensors past 2^26 elements, one atomic max each, into a zeroed fp32) or "torch" (one ATen/Inductor max-abs
 reduction). On the H200 (8192 x 20480 bf16, GPU time) the Triton pass reads x at ~96% of copy
 bandwidth, torch's at ~73%; scripts/bench_quant.py times both."""
 AMAX_CHUNK = (4096, 4, 8)
@@ -627,7 +630,8 @@ REVERSED_QUANTIZE_PASS = True
 """Walk the quantize pass's tiles from the last (reading first what the amax pass read last)."""
 SR_BITS = 8
 """Random bits per element of stochastic rounding: 8 (one Philox call per 16 elements, as TE's
-cvt.rs.e2m1x4 takes one 32-bit word per 4 values) or 32 (one per 4 elements)."""
+cvt.rs.e2m1x4 takes one 32-bit word per 4 values) or 32 (``tl.rand4x``'s full uniforms, one call per
+4 elements)."""
 
 
 def _check_input(x: torch.Tensor, rows_multiple: int, what: str, name: Optional[str]) -> None:

@@ -54,6 +54,15 @@ def check_nvfp4_round_to_nearest() -> None:
                       f"columns {what}")
         compare_nvfp4(kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True),
                       quantize(rht(x.t()), "nvfp4"), True, f"columns RHT {what}")
+    # The tiles walked in forward order (REVERSED_QUANTIZE_PASS off) give the same outputs.
+    x = oracle.fresh_input(48, 160, 1.0, torch.float32).to(torch.bfloat16)
+    kernels.REVERSED_QUANTIZE_PASS = False
+    try:
+        compare_nvfp4(kernels.nvfp4_quantize_rows(x, write_codes=True), quantize(x, "nvfp4"), False, "rows forward")
+        compare_nvfp4(kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True),
+                      quantize(rht(x.t()), "nvfp4"), True, "columns RHT forward")
+    finally:
+        kernels.REVERSED_QUANTIZE_PASS = True
 
 
 def check_nvfp4_amax_passes() -> None:
@@ -145,19 +154,39 @@ def check_nvfp4_non_finite() -> None:
 
 
 def check_nvfp4_stochastic_rounding() -> None:
-    """Same seed, same draws; another seed, other draws; every value one of its two grid neighbours."""
+    """Same seed, same draws; another seed, other draws; every value one of its two grid neighbours;
+    with 8 random bits per element (the default) and with 32, in rows, columns and columns with RHT."""
+    saved = kernels.SR_BITS
+    try:
+        draws = {}
+        for bits in (8, 32):
+            kernels.SR_BITS = bits
+            draws[bits] = _check_stochastic_rounding(bits)
+    finally:
+        kernels.SR_BITS = saved
+    for name in draws[8]:
+        assert not torch.equal(draws[8][name], draws[32][name]), f"{name}: SR_BITS is ignored"
+
+
+def _check_stochastic_rounding(bits: int) -> dict:
+    """The checks for one SR_BITS; returns each orientation's codes drawn with seed 1."""
     grid = torch.tensor(E2M1_GRID)
     x = oracle.fresh_input(32, 64, 1.0, torch.float32).to(torch.bfloat16)
+    codes = {}
     for name, run, target in [
         ("rows", lambda seed: kernels.nvfp4_quantize_rows(x, stochastic=True, seed=seed, write_codes=True), x),
+        ("columns", lambda seed: kernels.nvfp4_quantize_columns(x, stochastic=True, seed=seed, write_codes=True), x),
         ("columns RHT", lambda seed: kernels.nvfp4_quantize_columns(x, rht=True, stochastic=True, seed=seed,
                                                                     write_codes=True), rht(x.t()).t()),
     ]:
+        name = f"{name} SR_BITS={bits}"
         first, again, other = run(1), run(1), run(2)
+        codes[name.split(" SR_BITS")[0]] = first.codes
         assert torch.equal(first.codes, again.codes), f"{name}: not deterministic"
         assert not torch.equal(first.codes, other.codes), f"{name}: the seed is ignored"
         scales = first.block_scales.float()
-        block_scale = (scales.repeat_interleave(16, dim=1) if name == "rows" else scales.repeat_interleave(16, dim=0))
+        block_scale = (scales.repeat_interleave(16, dim=1) if name.startswith("rows")
+                       else scales.repeat_interleave(16, dim=0))
         # Blocks whose E4M3 scale underflowed to 0 dequantize to 0 whatever their codes (the
         # reciprocal saturates at FLT_MAX, as in TE); the neighbour check is for the others.
         scaled_blocks = block_scale > 0
@@ -170,6 +199,7 @@ def check_nvfp4_stochastic_rounding() -> None:
         neighbour = (value >= lower - tolerance) & (value <= upper + tolerance)
         assert (neighbour | ~scaled_blocks).all(), f"{name}: not a neighbour"
         assert scaled_blocks.float().mean() > 0.5, f"{name}: too few scaled blocks to check"
+    return codes
 
 
 def check_fp8_blockwise() -> None:
