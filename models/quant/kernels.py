@@ -20,8 +20,8 @@ Orientations (x is a contiguous 2D [rows, cols] CUDA tensor, bf16 or fp32):
 
 Launches: the amax pass, then the quantize pass. Without RHT the amax pass is one Triton kernel
 reading x at near copy speed after a zero-fill (``tensor_amax``: 16K-element chunks, an atomic max
-into the zeroed fp32;
-or torch's reduction, see AMAX_REDUCTION) and each quantize program derives [S_enc, S_dec] from it;
+into the zeroed fp32; or torch's reduction, see AMAX_REDUCTION), and each quantize program derives
+[S_enc, S_dec] from it;
 with RHT a persistent kernel writes per-program partial maxima of the transformed values and a
 one-program finalize reduces them to [S_enc, S_dec]. The quantize pass walks its tiles from the
 last (REVERSED_QUANTIZE_PASS), so it starts on what the amax pass left in L2, and does, per tile:
@@ -615,10 +615,11 @@ if triton is not None:
 ROWS_CONFIG = (16, 128, 4)
 COLUMNS_CONFIG = (4, 128, 8)
 AMAX_REDUCTION = "triton"
-"""How the per-tensor amax of the non-RHT kernels is taken: "triton" (``_amax_chunks_kernel``, 16K
-elements per program or more for tensors past 2^26 elements, one atomic max each, into a zeroed fp32) or "torch" (one ATen/Inductor max-abs
-reduction). On the H200 (8192 x 20480 bf16, GPU time) the Triton pass reads x at ~96% of copy
-bandwidth, torch's at ~73%; scripts/bench_quant.py times both."""
+"""How the per-tensor amax of the non-RHT kernels is taken: "triton" (``_amax_chunks_kernel``: 16K
+elements per program, more past 2^26 elements; one atomic max each into a zeroed fp32) or "torch"
+(one ATen/Inductor max-abs reduction). On the H200 the Triton pass read x at ~96% of copy bandwidth
+and torch's at ~73% (8192 x 20480 bf16, run V), 24.9 against 29.8 us at 8192 x 5120 (GPU time, run
+W); scripts/bench_quant.py times both."""
 AMAX_CHUNK = (4096, 4, 8)
 """(elements per load, loads in flight, num_warps) of ``_amax_chunks_kernel``."""
 AMAX_MAX_PROGRAMS = 4096
