@@ -31,6 +31,8 @@ class KernelResources:
     spill_bytes: int
     local_memory_instructions: int
     sass_instructions: int
+    barriers: int
+    """Block-wide barriers: reductions across warps, and layout conversions through shared memory."""
 
 
 def _tool(name: str) -> str:
@@ -60,7 +62,7 @@ def _compile(kernel, signature: dict, constexprs: dict, num_warps: int, capabili
 
 
 def assemble(ptx: str, capability: int) -> tuple:
-    """(registers, spill bytes, local-memory instructions, SASS instructions) of one PTX kernel."""
+    """(registers, spill bytes, local-memory instructions, SASS instructions, barriers) of one PTX kernel."""
     arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
     with tempfile.TemporaryDirectory() as directory:
         ptx_path, cubin_path = os.path.join(directory, "k.ptx"), os.path.join(directory, "k.cubin")
@@ -75,7 +77,8 @@ def assemble(ptx: str, capability: int) -> tuple:
     spill_bytes = int(spills.group(1)) + int(spills.group(2)) if spills else 0
     instructions = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", line)]
     local = sum(1 for line in instructions if re.search(r"\b(STL|LDL)\b", line))
-    return registers, spill_bytes, local, len(instructions)
+    barriers = sum(1 for line in instructions if re.search(r"\bBAR\.", line))
+    return registers, spill_bytes, local, len(instructions), barriers
 
 
 def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int):
@@ -90,7 +93,7 @@ def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability
 
 
 def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capability: int):
-    groups, block_c, warps = kernels.COLUMNS_CONFIG
+    groups, block_c, warps = kernels.COLUMNS_STOCHASTIC_CONFIG if stochastic else kernels.COLUMNS_CONFIG
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
                  "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
                  "groups": "i32", "cols": "i32"}
@@ -118,14 +121,16 @@ def kernel_resources(input_dtypes=("bf16", "fp32"), capability: int = 90, names=
         for name, build in VARIANTS.items():
             if names is not None and name not in names:
                 continue
-            registers, spill_bytes, local, sass = assemble(build(input_dtype, capability).asm["ptx"], capability)
-            rows.append(KernelResources(name, input_dtype, registers, spill_bytes, local, sass))
+            registers, spill_bytes, local, sass, barriers = assemble(build(input_dtype, capability).asm["ptx"],
+                                                                     capability)
+            rows.append(KernelResources(name, input_dtype, registers, spill_bytes, local, sass, barriers))
     return rows
 
 
 def render(rows: List[KernelResources]) -> List[str]:
-    lines = [f"{'kernel':24s} {'input':>5s} {'registers':>9s} {'spill B':>7s} {'local ops':>9s} {'SASS':>6s}"]
+    lines = [f"{'kernel':24s} {'input':>5s} {'registers':>9s} {'spill B':>7s} {'local ops':>9s} {'SASS':>6s} "
+             f"{'barriers':>8s}"]
     for row in rows:
         lines.append(f"{row.name:24s} {row.input_dtype:>5s} {row.registers:9d} {row.spill_bytes:7d} "
-                     f"{row.local_memory_instructions:9d} {row.sass_instructions:6d}")
+                     f"{row.local_memory_instructions:9d} {row.sass_instructions:6d} {row.barriers:8d}")
     return lines

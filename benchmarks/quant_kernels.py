@@ -146,7 +146,8 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
          lambda c: kernels.nvfp4_quantize_columns(x, config=c), reference_columns, True),
         ("columns 16x1 RHT RNE", COLUMNS_CONFIGS,
          lambda c: kernels.nvfp4_quantize_columns(x, config=c, rht=True), reference_columns_rht, True),
-        ("columns 16x1 RHT SR", COLUMNS_CONFIGS,
+        ("columns 16x1 RHT SR", [kernels.COLUMNS_STOCHASTIC_CONFIG] + [c for c in COLUMNS_CONFIGS
+                                                                 if c != kernels.COLUMNS_STOCHASTIC_CONFIG],
          lambda c: kernels.nvfp4_quantize_columns(x, config=c, rht=True, stochastic=True, seed=seed), None, True),
     ]
     for name, configs, run, reference, transposed in variants:

@@ -612,8 +612,14 @@ if triton is not None:
 # x 128 cols x 8 warps (32 elements per thread) was the fastest or within 0.3% of it for RNE, with
 # and without RHT, at 8192 x 5120 and 32768 x 1024 on the H200 (2026-12-03): 121.8 us against 141.6
 # for the former 2 x 128 x 8; rows kept 16 x 128 x 4, the best for stochastic rounding.
+# Stochastic rounding in the columns kernel takes 1 group x 128 cols x 4 warps (one element per
+# thread and row): 141.0 us against 146.8 at 4 x 128 x 8 with RHT (8192 x 5120, GPU time, run W).
+# At two or more elements per thread and row, Triton 3.6 computes the Philox words in another
+# register layout than the data and moves each row's uniforms through shared memory (16 layout
+# conversions, 31 barriers per program; scripts/kernel_resources.py shows none at this launch).
 ROWS_CONFIG = (16, 128, 4)
 COLUMNS_CONFIG = (4, 128, 8)
+COLUMNS_STOCHASTIC_CONFIG = (1, 128, 4)
 AMAX_REDUCTION = "triton"
 """How the per-tensor amax of the non-RHT kernels is taken: "triton" (``_amax_chunks_kernel``: 16K
 elements per program, more past 2^26 elements; one atomic max each into a zeroed fp32) or "torch"
@@ -789,7 +795,7 @@ def nvfp4_quantize_columns(
     _check_input(x, 16, "nvfp4_quantize_columns", name)
     x = x.contiguous()
     rows, cols = x.shape
-    groups_per_program, block_c, warps = config or COLUMNS_CONFIG
+    groups_per_program, block_c, warps = config or (COLUMNS_STOCHASTIC_CONFIG if stochastic else COLUMNS_CONFIG)
     global_scales, amax = _global_scales_or_amax(x, rht=rht)
     values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes)
     seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
