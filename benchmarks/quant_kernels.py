@@ -27,7 +27,7 @@ from models.quant.formats import quantize
 from models.quant.rht import rht
 
 # (tile rows, tile cols, num_warps) and (groups of 16 rows, cols, num_warps); the first is the default.
-ROWS_CONFIGS = [kernels.ROWS_CONFIG, (16, 256, 8), (32, 128, 8), (16, 64, 2), (16, 256, 4), (8, 256, 4),
+ROWS_CONFIGS = [kernels.ROWS_CONFIG, (16, 128, 4), (16, 256, 8), (32, 128, 8), (16, 64, 2), (8, 256, 4),
                 (32, 256, 8), (64, 128, 8)]
 COLUMNS_CONFIGS = [kernels.COLUMNS_CONFIG, (1, 128, 4), (2, 256, 8), (2, 128, 8), (1, 256, 8), (2, 64, 4),
                    (4, 64, 8), (1, 64, 2)]

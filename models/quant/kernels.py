@@ -611,13 +611,15 @@ if triton is not None:
 # The benchmark (scripts/bench_quant.py) times alternatives and reports the best. Columns: 4 groups
 # x 128 cols x 8 warps (32 elements per thread) was the fastest or within 0.3% of it for RNE, with
 # and without RHT, at 8192 x 5120 and 32768 x 1024 on the H200 (2026-12-03): 121.8 us against 141.6
-# for the former 2 x 128 x 8; rows kept 16 x 128 x 4, the best for stochastic rounding.
+# for the former 2 x 128 x 8. Rows: 16 x 256 x 4 since run W, the fastest launch there both for RNE
+# (76.2 us against 79.5 at 16 x 128 x 4) and for stochastic rounding (96.0 against 101.5), 8192 x
+# 5120, GPU time; 64 registers, no spills (scripts/kernel_resources.py).
 # Stochastic rounding in the columns kernel takes 1 group x 128 cols x 4 warps (one element per
 # thread and row): 141.0 us against 146.8 at 4 x 128 x 8 with RHT (8192 x 5120, GPU time, run W).
 # At two or more elements per thread and row, Triton 3.6 computes the Philox words in another
 # register layout than the data and moves each row's uniforms through shared memory (16 layout
 # conversions, 31 barriers per program; scripts/kernel_resources.py shows none at this launch).
-ROWS_CONFIG = (16, 128, 4)
+ROWS_CONFIG = (16, 256, 4)
 COLUMNS_CONFIG = (4, 128, 8)
 COLUMNS_STOCHASTIC_CONFIG = (1, 128, 4)
 AMAX_REDUCTION = "triton"
