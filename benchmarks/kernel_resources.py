@@ -1,6 +1,6 @@
 """What the NVFP4 quantization kernels compile to, without a GPU (scripts/kernel_resources.py).
 
-Each kernel variant at its default launch configuration is compiled by the installed Triton for a
+Each kernel variant (the two amax passes, the quantize kernels) at its default launch configuration is compiled by the installed Triton for a
 CUDA target (sm_90a by default: the H200), with the specializations a launch on real tensors gets
 (16-divisible pointers and sizes), then assembled by the ptxas that ships with Triton:
 registers per thread, spilled bytes, local-memory instructions and SASS instructions. The kernels
@@ -103,7 +103,21 @@ def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capabilit
     return _compile(kernels._quantize_columns_kernel, signature, constexprs, warps, capability)
 
 
+def _amax_variant(input_dtype: str, *, rht: bool, capability: int):
+    if rht:
+        groups, block_c, warps = kernels.RHT_AMAX_CONFIG
+        signature = {"x_ptr": POINTER_DTYPES[input_dtype], "partials_ptr": "*fp32", "groups": "i32", "cols": "i32",
+                     "num_tiles_c": "i32", "num_tiles": "i32", "num_programs": "i32"}
+        constexprs = dict(GROUPS=groups, BLOCK_C=block_c, ROUND_BF16=input_dtype == "bf16")
+        return _compile(kernels._amax_columns_rht_kernel, signature, constexprs, warps, capability)
+    block, unroll, warps = kernels.AMAX_CHUNK
+    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "amax_ptr": "*fp32", "numel": "i64", "per_program": "i64"}
+    return _compile(kernels._amax_chunks_kernel, signature, dict(BLOCK=block, UNROLL=unroll), warps, capability)
+
+
 VARIANTS = {
+    "amax": lambda dtype, cc: _amax_variant(dtype, rht=False, capability=cc),
+    "amax RHT": lambda dtype, cc: _amax_variant(dtype, rht=True, capability=cc),
     "rows 1x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=False, capability=cc),
     "rows 1x16 SR": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=True, capability=cc),
     "2D 16x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=True, stochastic=False, capability=cc),

@@ -32,6 +32,9 @@ ROWS_CONFIGS = [kernels.ROWS_CONFIG, (16, 128, 4), (16, 256, 8), (32, 128, 8), (
 COLUMNS_CONFIGS = [kernels.COLUMNS_CONFIG, (1, 128, 4), (2, 256, 8), (2, 128, 8), (1, 256, 8), (2, 64, 4),
                    (4, 64, 8), (1, 64, 2)]
 AMAX_CHUNKS = [kernels.AMAX_CHUNK, (2048, 4, 4), (1024, 8, 4), (8192, 2, 8)]
+# ((groups of 16 rows, cols, num_warps), programs per SM) of the persistent RHT amax kernel.
+RHT_AMAX_VARIANTS = [(kernels.RHT_AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM), ((2, 128, 4), 8), ((4, 128, 4), 4),
+                     ((4, 128, 8), 4), ((2, 256, 8), 4), ((8, 128, 8), 2)]
 GRAPH_CALLS = 4
 
 
@@ -184,8 +187,10 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
         with _Knobs(AMAX_REDUCTION="triton", AMAX_CHUNK=chunk):
             measure("amax pass only, triton (read floor)", lambda: kernels.tensor_amax(x), config=list(chunk),
                     floor=read_floor_ms)
-    measure("amax pass with RHT + finalize (read floor)", lambda: kernels.amax_global_scales(x, rht=True),
-            floor=read_floor_ms)
+    for rht_config, programs_per_sm in RHT_AMAX_VARIANTS:
+        with _Knobs(RHT_AMAX_CONFIG=rht_config, AMAX_PROGRAMS_PER_SM=programs_per_sm):
+            measure("amax pass with RHT + finalize (read floor)", lambda: kernels.amax_global_scales(x, rht=True),
+                    config=[*rht_config, programs_per_sm], floor=read_floor_ms)
 
     # --- plain torch reference -----------------------------------------------------------------
     def reference_fn(tensor):

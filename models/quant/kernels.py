@@ -634,6 +634,10 @@ AMAX_MAX_PROGRAMS = 4096
 """At most this many programs (and atomics) in the Triton amax pass: larger tensors give each more."""
 AMAX_PROGRAMS_PER_SM = 4
 """Programs per SM of the persistent RHT amax kernel."""
+RHT_AMAX_CONFIG = (2, 128, 4)
+"""(groups of 16 rows, cols, num_warps) of one step of the persistent RHT amax kernel. It reads x at
+~43% of copy bandwidth (48.1 us for 8192 x 5120 bf16 with the finalize, run W), half the non-RHT
+pass's speed; scripts/bench_quant.py times larger steps and more programs per SM beside it."""
 MAX_PARTIALS = 4096
 REVERSED_QUANTIZE_PASS = True
 """Walk the quantize pass's tiles from the last (reading first what the amax pass read last)."""
@@ -695,11 +699,12 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     return amax
 
 
-def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_cols: int = 128) -> torch.Tensor:
+def amax_global_scales(x: torch.Tensor, *, rht: bool) -> torch.Tensor:
     """[S_enc, S_dec] (fp32, on x's device) from max |x| (or max |rht along dim 0 (x)|): two launches
     (the amax pass, then a one-program finalize)."""
     rows, cols = x.shape
     if rht:
+        rht_groups, rht_cols, warps = RHT_AMAX_CONFIG
         groups = rows // 16
         tiles_c = triton.cdiv(cols, rht_cols)
         num_tiles = triton.cdiv(groups, rht_groups) * tiles_c
@@ -707,7 +712,7 @@ def amax_global_scales(x: torch.Tensor, *, rht: bool, rht_groups: int = 2, rht_c
         partials = torch.empty(programs, dtype=torch.float32, device=x.device)
         _amax_columns_rht_kernel[(programs,)](
             x, partials, groups, cols, tiles_c, num_tiles, programs, GROUPS=rht_groups, BLOCK_C=rht_cols,
-            ROUND_BF16=x.dtype == torch.bfloat16, num_warps=4, enable_fp_fusion=False,
+            ROUND_BF16=x.dtype == torch.bfloat16, num_warps=warps, enable_fp_fusion=False,
         )
     else:
         programs = 1
