@@ -1,11 +1,12 @@
 """What the NVFP4 quantization kernels compile to, without a GPU (scripts/kernel_resources.py).
 
-Each kernel variant (the two amax passes, the quantize kernels) at its default launch configuration is compiled by the installed Triton for a
-CUDA target (sm_90a by default: the H200), with the specializations a launch on real tensors gets
-(16-divisible pointers and sizes), then assembled by the ptxas that ships with Triton:
-registers per thread, spilled bytes, local-memory instructions and SASS instructions. The kernels
-are issue-bound, so the SASS count is a fair first proxy for their speed, and a spill is a red
-flag: with Triton 3.6 (the GPU machine's) the 2D kernel once compiled to 255 registers and spilled,
+Each kernel variant (the two amax passes, the quantize kernels) at its default launch
+configuration is compiled by the installed Triton for a CUDA target (sm_90a by default: the H200),
+with the specializations a launch on real tensors gets (16-divisible pointers and sizes), then
+assembled by the ptxas that ships with Triton: registers per thread, spilled bytes, local-memory
+instructions, SASS instructions and block-wide barriers. The kernels are issue-bound, so the SASS
+count is a fair first proxy for their speed; barriers beyond a reduction's mean layout conversions
+through shared memory; a spill is a red flag: with Triton 3.6 (the GPU machine's) the 2D kernel once compiled to 255 registers and spilled,
 and ran 6-7x slower (docs/performance.md, run Y); this tool reproduces that offline.
 """
 
@@ -111,7 +112,8 @@ def _amax_variant(input_dtype: str, *, rht: bool, capability: int):
         constexprs = dict(GROUPS=groups, BLOCK_C=block_c, ROUND_BF16=input_dtype == "bf16")
         return _compile(kernels._amax_columns_rht_kernel, signature, constexprs, warps, capability)
     block, unroll, warps = kernels.AMAX_CHUNK
-    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "amax_ptr": "*fp32", "numel": "i64", "per_program": "i64"}
+    # Sizes are i32 at launch below 2^31 elements (Triton specializes Python ints by value).
+    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "amax_ptr": "*fp32", "numel": "i32", "per_program": "i32"}
     return _compile(kernels._amax_chunks_kernel, signature, dict(BLOCK=block, UNROLL=unroll), warps, capability)
 
 
@@ -122,6 +124,7 @@ VARIANTS = {
     "rows 1x16 SR": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=True, capability=cc),
     "2D 16x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=True, stochastic=False, capability=cc),
     "columns 16x1 RNE": lambda dtype, cc: _columns_variant(dtype, rht=False, stochastic=False, capability=cc),
+    "columns 16x1 SR": lambda dtype, cc: _columns_variant(dtype, rht=False, stochastic=True, capability=cc),
     "columns 16x1 RHT RNE": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=False, capability=cc),
     "columns 16x1 RHT SR": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=True, capability=cc),
 }

@@ -1,4 +1,5 @@
-"""Registers, spills and SASS instructions of the NVFP4 quantization kernels, compiled offline.
+"""Registers, spills, SASS instructions and barriers of the NVFP4 kernels (amax passes and quantize
+kernels), compiled offline.
 
     python scripts/kernel_resources.py                    # sm_90a (H100/H200), bf16 and fp32 inputs
     PYTHONPATH=/path/to/triton-3.6 python scripts/kernel_resources.py   # the GPU machine's Triton
@@ -24,7 +25,7 @@ def main() -> int:
     import triton
 
     rows = kernel_resources(tuple(args.dtypes.split(",")), args.capability)
-    print(f"Triton {triton.__version__}, sm_{args.capability}")
+    print(f"Triton {triton.__version__}, sm_{args.capability}{'a' if args.capability >= 90 else ''}")
     print("\n".join(render(rows)))
     return 1 if any(row.spill_bytes or row.local_memory_instructions for row in rows) else 0
 

@@ -255,8 +255,9 @@ if triton is not None:
         - SR: lower = m truncated to one mantissa bit (to a multiple of 0.5 below 1), then
           lower + 2^(e-1) if uniform * 2^(e-1) < m - lower (both sides exact), so
           P(up) = (m - lower) / spacing.
-        The kernels are issue-bound: the rows kernel compiles to 624 SASS instructions this way
-        against 976 with a comparison ladder (m > 0.25, m >= 0.75, ...), and ran 32% faster (run X).
+        The kernels are issue-bound: at 16 x 128 x 4 the rows kernel compiles to 624 SASS
+        instructions this way against 976 with a comparison ladder (m > 0.25, m >= 0.75, ...), and
+        ran 32% faster (run X).
         A NaN gives 0 and code 0 (its block's NaN scale makes the value NaN)."""
         magnitude = tl.abs(scaled)
         magnitude = tl.where(magnitude > 6.0, 6.0, magnitude)
@@ -607,13 +608,14 @@ if triton is not None:
 
 
 # Launch configurations: (tile rows, tile cols, num_warps) for the row kernels, (groups of 16
-# rows, cols, num_warps) for the column kernels; ~16 elements per thread keeps registers < 128.
+# rows, cols, num_warps) for the column kernels; 16-32 elements per thread keeps registers < 128.
 # The benchmark (scripts/bench_quant.py) times alternatives and reports the best. Columns: 4 groups
 # x 128 cols x 8 warps (32 elements per thread) was the fastest or within 0.3% of it for RNE, with
 # and without RHT, at 8192 x 5120 and 32768 x 1024 on the H200 (2026-12-03): 121.8 us against 141.6
 # for the former 2 x 128 x 8. Rows: 16 x 256 x 4 since run W, the fastest launch there both for RNE
 # (76.2 us against 79.5 at 16 x 128 x 4) and for stochastic rounding (96.0 against 101.5), 8192 x
-# 5120, GPU time; 64 registers, no spills (scripts/kernel_resources.py).
+# 5120, GPU time; 64 registers with RNE and 75 with SR, no spills (scripts/kernel_resources.py). The
+# 2D kernel follows it with 16 x 256 tiles (not timed at this launch yet).
 # Stochastic rounding in the columns kernel takes 1 group x 128 cols x 4 warps (one element per
 # thread and row): 141.0 us against 146.8 at 4 x 128 x 8 with RHT (8192 x 5120, GPU time, run W).
 # At two or more elements per thread and row, Triton 3.6 computes the Philox words in another
