@@ -189,7 +189,7 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
                     floor=read_floor_ms)
     for rht_config, programs_per_sm in RHT_AMAX_VARIANTS:
         with _Knobs(RHT_AMAX_CONFIG=rht_config, AMAX_PROGRAMS_PER_SM=programs_per_sm):
-            measure("amax pass with RHT + finalize (read floor)", lambda: kernels.amax_global_scales(x, rht=True),
+            measure("amax pass with RHT + finalize (read floor)", lambda: kernels.rht_global_scales(x),
                     config=[*rht_config, programs_per_sm], floor=read_floor_ms)
 
     # --- plain torch reference -----------------------------------------------------------------

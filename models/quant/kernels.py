@@ -21,8 +21,7 @@ Orientations (x is a contiguous 2D [rows, cols] CUDA tensor, bf16 or fp32):
 Launches: the amax pass, then the quantize pass. Without RHT the amax pass is one Triton kernel
 reading x at near copy speed after a zero-fill (``tensor_amax``: 16K-element chunks, an atomic max
 into the zeroed fp32; or torch's reduction, see AMAX_REDUCTION), and each quantize program derives
-[S_enc, S_dec] from it;
-with RHT a persistent kernel writes per-program partial maxima of the transformed values and a
+[S_enc, S_dec] from it; with RHT a persistent kernel writes per-program partial maxima of the transformed values and a
 one-program finalize reduces them to [S_enc, S_dec]. The quantize pass walks its tiles from the
 last (REVERSED_QUANTIZE_PASS), so it starts on what the amax pass left in L2, and does, per tile:
 block amax, E4M3 scale, reciprocal, scaling, E2M1 rounding (RNE or stochastic, by the bits of the
@@ -192,8 +191,7 @@ if triton is not None:
 
     @triton.jit
     def _finalize_scales_kernel(partials_ptr, num_partials, global_ptr, PARTIALS_POW2: tl.constexpr):
-        """One program: tensor amax from the partials (fp32, or one value in x's dtype) -> global_ptr =
-        [S_enc, S_dec], TE's order.
+        """One program: tensor amax from the fp32 partials -> global_ptr = [S_enc, S_dec], TE's order.
 
         S_enc = min(2688 / amax, FLT_MAX); 1 if amax == 0 or S_enc == 0; NaN if amax is not finite.
         """
@@ -219,8 +217,8 @@ if triton is not None:
     def _load_global_scales(global_ptr, amax_ptr, first_program, SCALES_FROM_AMAX: tl.constexpr):
         """(S_enc, S_dec): from the finalize kernel's output, or (SCALES_FROM_AMAX) computed here from
         the tensor's amax (one value: fp32 from the Triton pass, x's dtype from torch's), the first
-        program writing them
-        to global_ptr for the GEMM. Every program computes the same two numbers."""
+        program writing them to global_ptr for the GEMM. Every program computes the same two
+        numbers."""
         if SCALES_FROM_AMAX:
             encode, decode = _global_scales(abs_nan_to_inf(tl.load(amax_ptr).to(tl.float32)))
             if first_program:
@@ -346,11 +344,10 @@ if triton is not None:
         return pid // num_tiles_c, pid % num_tiles_c
 
     @triton.jit
-    def _uniform_from_byte(word, SHIFT: tl.constexpr):
-        """(byte + 1/2) / 256 for the byte of the uint32 ``word`` at bit SHIFT: a uniform with 8 random
-        bits, the midpoint of its 1/256 bin (so P(round up) = ceil(256 f - 1/2) / 256, within 1/512
-        of f)."""
-        return (((word >> SHIFT) & 255).to(tl.float32) + 0.5) * 0.00390625
+    def _uniform_from_byte(byte):
+        """(byte + 1/2) / 256 for an integer byte in [0, 256): a uniform with 8 random bits, the
+        midpoint of its 1/256 bin (so P(round up) = ceil(256 f - 1/2) / 256, within 1/512 of f)."""
+        return (byte.to(tl.float32) + 0.5) * 0.00390625
 
     @triton.jit
     def _amax_chunks_kernel(x_ptr, amax_ptr, numel, per_program, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
@@ -457,7 +454,7 @@ if triton is not None:
             words = tl.reshape(tl.join(tl.join(w0, w1), tl.join(w2, w3)), [BLOCK_R, BLOCK_C // 16, 4])
             shifts = (8 * tl.arange(0, 4)).to(tl.uint32)
             random_bytes = (words[:, :, :, None] >> shifts[None, None, None, :]) & 255  # [.., word, byte]
-            uniform = tl.reshape((random_bytes.to(tl.float32) + 0.5) * 0.00390625, [BLOCK_R, BLOCK_C // 16, 16])
+            uniform = tl.reshape(_uniform_from_byte(random_bytes), [BLOCK_R, BLOCK_C // 16, 16])
         elif STOCHASTIC:
             # One Philox call per 4 consecutive elements (counter = the first one's offset), the
             # four draws interleaved back: column 4k + 2a + b gets draw 2a + b of counter k.
@@ -498,10 +495,10 @@ if triton is not None:
         Philox call (counter = row j's element offsets) draws all four rows' uniforms, where one
         ``tl.rand`` per element would run Philox four times as often."""
         if STOCHASTIC and SR_BITS == 8:
-            ua = _uniform_from_byte(word, 0)
-            ub = _uniform_from_byte(word, 8)
-            uc = _uniform_from_byte(word, 16)
-            ud = _uniform_from_byte(word, 24)
+            ua = _uniform_from_byte(word & 255)
+            ub = _uniform_from_byte((word >> 8) & 255)
+            uc = _uniform_from_byte((word >> 16) & 255)
+            ud = _uniform_from_byte(word >> 24)
         elif STOCHASTIC:
             ua, ub, uc, ud = tl.rand4x(seed, base_offsets + j * cols)
         else:
@@ -701,24 +698,21 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     return amax
 
 
-def amax_global_scales(x: torch.Tensor, *, rht: bool) -> torch.Tensor:
-    """[S_enc, S_dec] (fp32, on x's device) from max |x| (or max |rht along dim 0 (x)|): two launches
-    (the amax pass, then a one-program finalize)."""
+def rht_global_scales(x: torch.Tensor) -> torch.Tensor:
+    """[S_enc, S_dec] (fp32, on x's device) from max |rht along dim 0 (x)|: two launches (the
+    persistent RHT amax pass, then a one-program finalize). Without RHT the quantize kernels take
+    ``tensor_amax`` and derive the two scales themselves."""
     rows, cols = x.shape
-    if rht:
-        rht_groups, rht_cols, warps = RHT_AMAX_CONFIG
-        groups = rows // 16
-        tiles_c = triton.cdiv(cols, rht_cols)
-        num_tiles = triton.cdiv(groups, rht_groups) * tiles_c
-        programs = _amax_programs(x, num_tiles)
-        partials = torch.empty(programs, dtype=torch.float32, device=x.device)
-        _amax_columns_rht_kernel[(programs,)](
-            x, partials, groups, cols, tiles_c, num_tiles, programs, GROUPS=rht_groups, BLOCK_C=rht_cols,
-            ROUND_BF16=x.dtype == torch.bfloat16, num_warps=warps, enable_fp_fusion=False,
-        )
-    else:
-        programs = 1
-        partials = tensor_amax(x)
+    rht_groups, rht_cols, warps = RHT_AMAX_CONFIG
+    groups = rows // 16
+    tiles_c = triton.cdiv(cols, rht_cols)
+    num_tiles = triton.cdiv(groups, rht_groups) * tiles_c
+    programs = _amax_programs(x, num_tiles)
+    partials = torch.empty(programs, dtype=torch.float32, device=x.device)
+    _amax_columns_rht_kernel[(programs,)](
+        x, partials, groups, cols, tiles_c, num_tiles, programs, GROUPS=rht_groups, BLOCK_C=rht_cols,
+        ROUND_BF16=x.dtype == torch.bfloat16, num_warps=warps, enable_fp_fusion=False,
+    )
     global_scales = torch.empty(2, dtype=torch.float32, device=x.device)
     _finalize_scales_kernel[(1,)](
         partials, programs, global_scales, PARTIALS_POW2=max(32, triton.next_power_of_2(programs)),
@@ -731,9 +725,9 @@ def _global_scales_or_amax(x: torch.Tensor, *, rht: bool):
     """(global_scales [2] fp32, amax) for a quantize kernel. Without RHT there is no finalize launch:
     ``amax`` is max |x| (one value, ``tensor_amax``) and the kernel derives [S_enc, S_dec] itself,
     writing them into the (uninitialized) ``global_scales``; with RHT ``global_scales`` is
-    amax_global_scales' output and ``amax`` is that same tensor (a placeholder the kernel ignores)."""
+    rht_global_scales' output and ``amax`` is that same tensor (a placeholder the kernel ignores)."""
     if rht:
-        global_scales = amax_global_scales(x, rht=True)
+        global_scales = rht_global_scales(x)
         return global_scales, global_scales
     return torch.empty(2, dtype=torch.float32, device=x.device), tensor_amax(x)
 
