@@ -83,7 +83,7 @@ def assemble(ptx: str, capability: int) -> tuple:
 
 
 def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int):
-    block_r, block_c, warps = kernels.ROWS_CONFIG
+    block_r, block_c, warps = kernels.TWO_D_CONFIG if two_d else kernels.ROWS_CONFIG
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
                  "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
                  "rows": "i32", "cols": "i32"}
@@ -104,12 +104,12 @@ def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capabilit
     return _compile(kernels._quantize_columns_kernel, signature, constexprs, warps, capability)
 
 
-def _amax_variant(input_dtype: str, *, rht: bool, capability: int):
+def _amax_variant(input_dtype: str, *, rht: bool, capability: int, plain_amax: bool = False):
     if rht:
-        groups, block_c, warps = kernels.RHT_AMAX_CONFIG
+        groups, block_c, warps = kernels.RHT_PLAIN_AMAX_CONFIG if plain_amax else kernels.RHT_AMAX_CONFIG
         signature = {"x_ptr": POINTER_DTYPES[input_dtype], "partials_ptr": "*fp32", "groups": "i32", "cols": "i32",
                      "num_tiles_c": "i32", "num_tiles": "i32", "num_programs": "i32"}
-        constexprs = dict(GROUPS=groups, BLOCK_C=block_c, ROUND_BF16=input_dtype == "bf16")
+        constexprs = dict(GROUPS=groups, BLOCK_C=block_c, ROUND_BF16=input_dtype == "bf16", PLAIN_AMAX=plain_amax)
         return _compile(kernels._amax_columns_rht_kernel, signature, constexprs, warps, capability)
     block, unroll, warps = kernels.AMAX_CHUNK
     # Sizes are i32 at launch below 2^31 elements (Triton specializes Python ints by value).
@@ -120,6 +120,7 @@ def _amax_variant(input_dtype: str, *, rht: bool, capability: int):
 VARIANTS = {
     "amax": lambda dtype, cc: _amax_variant(dtype, rht=False, capability=cc),
     "amax RHT": lambda dtype, cc: _amax_variant(dtype, rht=True, capability=cc),
+    "amax RHT + plain": lambda dtype, cc: _amax_variant(dtype, rht=True, capability=cc, plain_amax=True),
     "rows 1x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=False, capability=cc),
     "rows 1x16 SR": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=True, capability=cc),
     "2D 16x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=True, stochastic=False, capability=cc),

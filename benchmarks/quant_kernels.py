@@ -33,8 +33,12 @@ COLUMNS_CONFIGS = [kernels.COLUMNS_CONFIG, (1, 128, 4), (2, 256, 8), (2, 128, 8)
                    (4, 64, 8), (1, 64, 2)]
 AMAX_CHUNKS = [kernels.AMAX_CHUNK, (2048, 4, 4), (1024, 8, 4), (8192, 2, 8)]
 # ((groups of 16 rows, cols, num_warps), programs per SM) of the persistent RHT amax kernel.
-RHT_AMAX_VARIANTS = [(kernels.RHT_AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM), ((2, 128, 4), 8), ((4, 128, 4), 4),
-                     ((4, 128, 8), 4), ((2, 256, 8), 4), ((8, 128, 8), 2)]
+RHT_AMAX_VARIANTS = [(kernels.RHT_AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM)] + [
+    variant for variant in [((2, 128, 4), 4), ((2, 128, 4), 8), ((4, 128, 4), 4), ((4, 128, 8), 4), ((2, 256, 8), 4),
+                            ((8, 128, 8), 2)]
+    if variant != (kernels.RHT_AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM)]
+RHT_PLAIN_AMAX_CONFIGS = [kernels.RHT_PLAIN_AMAX_CONFIG] + [
+    config for config in [(4, 128, 4), (2, 128, 4), (8, 64, 8), (2, 64, 2)] if config != kernels.RHT_PLAIN_AMAX_CONFIG]
 GRAPH_CALLS = 4
 
 
@@ -138,7 +142,7 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
     reference_2d = quantize(x, "nvfp4", tile=(16, 16))
     reference_columns = quantize(x.t(), "nvfp4")
     reference_columns_rht = quantize(rht(x.t()), "nvfp4")
-    rows_configs_2d = [c for c in ROWS_CONFIGS if c[0] == 16]
+    rows_configs_2d = [kernels.TWO_D_CONFIG] + [c for c in ROWS_CONFIGS if c[0] == 16 and c != kernels.TWO_D_CONFIG]
     variants = [  # (name, configs, run(config), RNE reference or None, outputs transposed)
         ("rows 1x16 RNE", ROWS_CONFIGS, lambda c: kernels.nvfp4_quantize_rows(x, config=c), reference_rows, False),
         ("rows 1x16 SR", ROWS_CONFIGS,
@@ -191,6 +195,34 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
         with _Knobs(RHT_AMAX_CONFIG=rht_config, AMAX_PROGRAMS_PER_SM=programs_per_sm):
             measure("amax pass with RHT + finalize (read floor)", lambda: kernels.rht_global_scales(x),
                     config=[*rht_config, programs_per_sm], floor=read_floor_ms)
+
+    # X and dY are each quantized in both orientations (X: Fprop rows RNE, Wgrad columns RHT RNE; dY:
+    # Dgrad rows SR, Wgrad columns RHT SR): the pair with an amax pass each, against one pass that
+    # gives both global scales (kernels.rows_and_rht_columns_scales, as models.quant.linear runs it).
+    def pair(stochastic, shared):
+        scales = kernels.rows_and_rht_columns_scales(x) if shared else None
+        rows_out = kernels.nvfp4_quantize_rows(x, stochastic=stochastic, seed=seed,
+                                               amax=None if scales is None else scales[2:])
+        columns_out = kernels.nvfp4_quantize_columns(x, rht=True, stochastic=stochastic, seed=seed,
+                                                     global_scales=scales)
+        return rows_out, columns_out
+
+    def pair_identical(stochastic):
+        shared, separate = pair(stochastic, True), pair(stochastic, False)
+        if stochastic:  # the same seed and scales draw the same roundings
+            return all(torch.equal(a.values, b.values) and torch.equal(a.decode_scale, b.decode_scale)
+                       for a, b in zip(shared, separate))
+        return (check_identical(shared[0], reference_rows, False)
+                and check_identical(shared[1], reference_columns_rht, True))
+
+    for label, stochastic in (("X: rows RNE + columns RHT RNE", False), ("dY: rows SR + columns RHT SR", True)):
+        measure(f"{label}, two amax passes", lambda: pair(stochastic, False), floor=2 * floor_ms)
+        measure(f"{label}, one shared pass", lambda: pair(stochastic, True), identical=pair_identical(stochastic),
+                floor=2 * floor_ms)
+    for plain_config in RHT_PLAIN_AMAX_CONFIGS:
+        with _Knobs(RHT_PLAIN_AMAX_CONFIG=plain_config):
+            measure("max|x| + RHT amax + finalize (read floor)",
+                    lambda: kernels.rows_and_rht_columns_scales(x), config=list(plain_config), floor=read_floor_ms)
 
     # --- plain torch reference -----------------------------------------------------------------
     def reference_fn(tensor):

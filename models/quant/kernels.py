@@ -190,10 +190,13 @@ if triton is not None:
         return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
 
     @triton.jit
-    def _finalize_scales_kernel(partials_ptr, num_partials, global_ptr, PARTIALS_POW2: tl.constexpr):
+    def _finalize_scales_kernel(partials_ptr, num_partials, global_ptr, PARTIALS_POW2: tl.constexpr,
+                                PLAIN_AMAX: tl.constexpr):
         """One program: tensor amax from the fp32 partials -> global_ptr = [S_enc, S_dec], TE's order.
 
         S_enc = min(2688 / amax, FLT_MAX); 1 if amax == 0 or S_enc == 0; NaN if amax is not finite.
+        PLAIN_AMAX: partials_ptr[num_partials:2 num_partials] hold max |x| too (the untransformed
+        values), reduced into global_ptr[2].
         """
         index = tl.arange(0, PARTIALS_POW2)
         # NaN -> Inf before the max (tl.max may drop a NaN): a torch-reduced amax can be NaN.
@@ -201,6 +204,9 @@ if triton is not None:
         encode, decode = _global_scales(tl.max(abs_nan_to_inf(partials), axis=0))
         tl.store(global_ptr, encode)
         tl.store(global_ptr + 1, decode)
+        if PLAIN_AMAX:
+            plain = tl.load(partials_ptr + num_partials + index, mask=index < num_partials, other=0.0)
+            tl.store(global_ptr + 2, tl.max(abs_nan_to_inf(plain), axis=0))
 
     @triton.jit
     def _global_scales(amax):
@@ -379,10 +385,14 @@ if triton is not None:
         GROUPS: tl.constexpr,
         BLOCK_C: tl.constexpr,
         ROUND_BF16: tl.constexpr,
+        PLAIN_AMAX: tl.constexpr,
     ):
-        """Persistent: partial max |rht along dim 0 (x)| over 16-row groups, into partials[pid]."""
+        """Persistent: partial max |rht along dim 0 (x)| over 16-row groups, into partials[pid]; with
+        PLAIN_AMAX also max |x| of the same loads (before the transform) into partials[num_programs + pid],
+        so one read of x gives the global scales of both its orientations (X for Fprop and Wgrad)."""
         pid = tl.program_id(0)
         accumulator = tl.zeros([GROUPS, BLOCK_C], dtype=tl.float32)
+        plain_accumulator = tl.zeros([GROUPS, BLOCK_C], dtype=tl.float32)
         for step in range(0, tl.cdiv(num_tiles, num_programs)):
             tile = pid + step * num_programs  # tiles past the end load nothing (masked)
             group = (tile // num_tiles_c) * GROUPS + tl.arange(0, GROUPS)
@@ -390,12 +400,18 @@ if triton is not None:
             mask = (group < groups)[:, None] & (col < cols)[None, :] & (tile < num_tiles)
             base = x_ptr + (group.to(tl.int64) * 16)[:, None] * cols + col[None, :]
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _load_16_rows(base, cols, mask)
+            if PLAIN_AMAX:
+                plain = _max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+                                    NAN_TO_INF=True)
+                plain_accumulator = tl.maximum(plain_accumulator, plain)
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, ROUND_BF16
             )
             block = _max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF=True)
             accumulator = tl.maximum(accumulator, block)
         tl.store(partials_ptr + pid, tl.max(tl.max(accumulator, axis=1), axis=0))
+        if PLAIN_AMAX:
+            tl.store(partials_ptr + num_programs + pid, tl.max(tl.max(plain_accumulator, axis=1), axis=0))
 
     @triton.jit
     def _quantize_rows_kernel(
@@ -611,14 +627,17 @@ if triton is not None:
 # and without RHT, at 8192 x 5120 and 32768 x 1024 on the H200 (2026-12-03): 121.8 us against 141.6
 # for the former 2 x 128 x 8. Rows: 16 x 256 x 4 since run W, the fastest launch there both for RNE
 # (76.2 us against 79.5 at 16 x 128 x 4) and for stochastic rounding (96.0 against 101.5), 8192 x
-# 5120, GPU time; 64 registers with RNE and 75 with SR, no spills (scripts/kernel_resources.py). The
-# 2D kernel follows it with 16 x 256 tiles (not timed at this launch yet).
+# 5120, GPU time; 64 registers with RNE and 75 with SR, no spills (scripts/kernel_resources.py).
+# The 2D kernel (the weights) takes 16 x 64 x 2 (TWO_D_CONFIG): 89.9 us against 140.1 at 16 x 256 x 4
+# for bf16 input, 113.3 against 165.2 for fp32 (the FP32 master weights), 8192 x 5120, GPU time
+# (run Z, 2026-12-04).
 # Stochastic rounding in the columns kernel takes 1 group x 128 cols x 4 warps (one element per
 # thread and row): 141.0 us against 146.8 at 4 x 128 x 8 with RHT (8192 x 5120, GPU time, run W).
 # At two or more elements per thread and row, Triton 3.6 computes the Philox words in another
 # register layout than the data and moves each row's uniforms through shared memory (16 layout
 # conversions, 31 barriers per program; scripts/kernel_resources.py shows none at this launch).
 ROWS_CONFIG = (16, 256, 4)
+TWO_D_CONFIG = (16, 64, 2)
 COLUMNS_CONFIG = (4, 128, 8)
 COLUMNS_STOCHASTIC_CONFIG = (1, 128, 4)
 AMAX_REDUCTION = "triton"
@@ -633,10 +652,19 @@ AMAX_MAX_PROGRAMS = 4096
 """At most this many programs (and atomics) in the Triton amax pass: larger tensors give each more."""
 AMAX_PROGRAMS_PER_SM = 4
 """Programs per SM of the persistent RHT amax kernel."""
-RHT_AMAX_CONFIG = (2, 128, 4)
-"""(groups of 16 rows, cols, num_warps) of one step of the persistent RHT amax kernel. It reads x at
-~43% of copy bandwidth (48.1 us for 8192 x 5120 bf16 with the finalize, run W), half the non-RHT
-pass's speed; scripts/bench_quant.py times larger steps and more programs per SM beside it."""
+RHT_AMAX_CONFIG = (4, 128, 4)
+"""(groups of 16 rows, cols, num_warps) of one step of the persistent RHT amax kernel. Run Z (8192 x
+5120, GPU time with the finalize): 40.4 us for bf16 (51% of copy bandwidth) against 48.1 at the former
+(2, 128, 4); fp32 43.2 against 43.5 (every variant timed was within 1% for fp32)."""
+RHT_PLAIN_AMAX_CONFIG = (4, 64, 4)
+"""RHT_AMAX_CONFIG for the pass that also takes max |x| (``rows_and_rht_columns_scales``): the second
+maximum keeps the 16 loaded rows live through the transform, and at (4, 128, 4) Triton 3.6 compiled
+that to 168 registers for fp32 input (3 programs per SM resident, below AMAX_PROGRAMS_PER_SM), at
+(4, 64, 4) to 64-72 without spills (scripts/kernel_resources.py)."""
+SHARED_SCALES = True
+"""Whether ``models.quant.linear`` takes the global scales of an operand it quantizes in both
+orientations (rows 1x16 and columns with the RHT: X, dY) from one ``rows_and_rht_columns_scales``
+pass instead of two amax passes (same outputs; a knob for the step benchmark's A/B)."""
 MAX_PARTIALS = 4096
 REVERSED_QUANTIZE_PASS = True
 """Walk the quantize pass's tiles from the last (reading first what the amax pass read last)."""
@@ -698,38 +726,57 @@ def tensor_amax(x: torch.Tensor) -> torch.Tensor:
     return amax
 
 
-def rht_global_scales(x: torch.Tensor) -> torch.Tensor:
+def rht_global_scales(x: torch.Tensor, *, plain_amax: bool = False) -> torch.Tensor:
     """[S_enc, S_dec] (fp32, on x's device) from max |rht along dim 0 (x)|: two launches (the
     persistent RHT amax pass, then a one-program finalize). Without RHT the quantize kernels take
-    ``tensor_amax`` and derive the two scales themselves."""
+    ``tensor_amax`` and derive the two scales themselves.
+
+    ``plain_amax``: [S_enc, S_dec, max |x|] from the same read, the third element being what
+    ``tensor_amax(x)`` returns (NaN/Inf as Inf). An operand quantized both along rows (1x16, no RHT)
+    and along columns with the RHT (X: Fprop and Wgrad; dY: Dgrad and Wgrad) passes element 2 as the
+    rows call's ``amax`` and the tensor as the columns call's ``global_scales``: three reads of x for
+    its two orientations instead of four."""
+    x = x.contiguous()
     rows, cols = x.shape
-    rht_groups, rht_cols, warps = RHT_AMAX_CONFIG
+    rht_groups, rht_cols, warps = RHT_PLAIN_AMAX_CONFIG if plain_amax else RHT_AMAX_CONFIG
     groups = rows // 16
     tiles_c = triton.cdiv(cols, rht_cols)
     num_tiles = triton.cdiv(groups, rht_groups) * tiles_c
     programs = _amax_programs(x, num_tiles)
-    partials = torch.empty(programs, dtype=torch.float32, device=x.device)
+    partials = torch.empty(2 * programs if plain_amax else programs, dtype=torch.float32, device=x.device)
     _amax_columns_rht_kernel[(programs,)](
         x, partials, groups, cols, tiles_c, num_tiles, programs, GROUPS=rht_groups, BLOCK_C=rht_cols,
-        ROUND_BF16=x.dtype == torch.bfloat16, num_warps=warps, enable_fp_fusion=False,
+        ROUND_BF16=x.dtype == torch.bfloat16, PLAIN_AMAX=plain_amax, num_warps=warps, enable_fp_fusion=False,
     )
-    global_scales = torch.empty(2, dtype=torch.float32, device=x.device)
+    global_scales = torch.empty(3 if plain_amax else 2, dtype=torch.float32, device=x.device)
     _finalize_scales_kernel[(1,)](
         partials, programs, global_scales, PARTIALS_POW2=max(32, triton.next_power_of_2(programs)),
-        num_warps=4, enable_fp_fusion=False,
+        PLAIN_AMAX=plain_amax, num_warps=4, enable_fp_fusion=False,
     )
     return global_scales
 
 
-def _global_scales_or_amax(x: torch.Tensor, *, rht: bool):
+def rows_and_rht_columns_scales(x: torch.Tensor, *, name: Optional[str] = None) -> torch.Tensor:
+    """``rht_global_scales(x, plain_amax=True)`` with the input checks: [S_enc, S_dec] of the RHT
+    columns orientation and max |x| for the rows orientation, from one read of x (rows % 16 == 0)."""
+    _check_input(x, 16, "rows_and_rht_columns_scales", name)
+    return rht_global_scales(x, plain_amax=True)
+
+
+def _global_scales_or_amax(x: torch.Tensor, *, rht: bool, given: Optional[torch.Tensor] = None):
     """(global_scales [2] fp32, amax) for a quantize kernel. Without RHT there is no finalize launch:
-    ``amax`` is max |x| (one value, ``tensor_amax``) and the kernel derives [S_enc, S_dec] itself,
-    writing them into the (uninitialized) ``global_scales``; with RHT ``global_scales`` is
-    rht_global_scales' output and ``amax`` is that same tensor (a placeholder the kernel ignores)."""
+    ``amax`` is max |x| (one value, ``tensor_amax``, or ``given``) and the kernel derives [S_enc,
+    S_dec] itself, writing them into the (uninitialized) ``global_scales``; with RHT
+    ``global_scales`` is rht_global_scales' output (or ``given``) and ``amax`` is that same tensor
+    (a placeholder the kernel ignores)."""
+    if given is not None and (given.dtype != torch.float32 or given.device != x.device
+                              or given.numel() < (2 if rht else 1)):
+        raise ValueError(f"precomputed {'global scales' if rht else 'amax'} must be fp32 on {x.device} with "
+                         f"at least {2 if rht else 1} elements, got {given.dtype} {list(given.shape)} on {given.device}")
     if rht:
-        global_scales = rht_global_scales(x)
+        global_scales = rht_global_scales(x) if given is None else given
         return global_scales, global_scales
-    return torch.empty(2, dtype=torch.float32, device=x.device), tensor_amax(x)
+    return torch.empty(2, dtype=torch.float32, device=x.device), tensor_amax(x) if given is None else given
 
 
 def _outputs(x, scales_shape, out_dtype, write_codes):
@@ -749,6 +796,7 @@ def nvfp4_quantize_rows(
     out_dtype: torch.dtype = torch.bfloat16,
     write_codes: bool = False,
     config: Optional[tuple] = None,
+    amax: Optional[torch.Tensor] = None,
     name: Optional[str] = None,
 ) -> KernelQuantized:
     """NVFP4 of a [rows, cols] CUDA tensor with 1x16 blocks along cols (or 16x16 tiles if two_d).
@@ -756,15 +804,16 @@ def nvfp4_quantize_rows(
     Equals ``formats.quantize(x, "nvfp4", tile=(1, 16) or (16, 16))`` for RNE. ``seed`` (int or
     1-element tensor) or ``generator`` seeds stochastic rounding; by default a seed is drawn from
     torch's global RNG on x's device (no host sync). ``config``: (tile rows, tile cols, num_warps);
-    two_d forces 16 tile rows.
+    two_d forces 16 tile rows. ``amax``: max |x| already taken (fp32, its first element; element 2 of
+    ``rows_and_rht_columns_scales``), which skips the amax pass.
     """
     _check_input(x, 16 if two_d else 1, "nvfp4_quantize_rows", name)
     x = x.contiguous()
     rows, cols = x.shape
-    block_r, block_c, warps = config or ROWS_CONFIG
+    block_r, block_c, warps = config or (TWO_D_CONFIG if two_d else ROWS_CONFIG)
     if two_d:
         block_r = 16
-    global_scales, amax = _global_scales_or_amax(x, rht=False)
+    global_scales, amax = _global_scales_or_amax(x, rht=False, given=amax)
     scales_shape = (rows // 16, cols // 16) if two_d else (rows, cols // 16)
     values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes)
     seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
@@ -775,7 +824,7 @@ def nvfp4_quantize_rows(
         SCALES_FROM_AMAX=amax is not global_scales, REVERSED=REVERSED_QUANTIZE_PASS, SR_BITS=SR_BITS,
         num_warps=warps, enable_fp_fusion=False,
     )
-    return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)
+    return KernelQuantized(values, scales, global_scales[1:2], codes if write_codes else None)
 
 
 def nvfp4_quantize_columns(
@@ -788,18 +837,23 @@ def nvfp4_quantize_columns(
     out_dtype: torch.dtype = torch.bfloat16,
     write_codes: bool = False,
     config: Optional[tuple] = None,
+    global_scales: Optional[torch.Tensor] = None,
     name: Optional[str] = None,
 ) -> KernelQuantized:
     """NVFP4 of x [rows, cols] with 16x1 blocks along rows (dim 0), optionally after the RHT along rows.
 
     Equals ``formats.quantize(rht(x.t()) if rht else x.t(), "nvfp4")`` transposed back: outputs are
     in x's layout, scales [rows / 16, cols]. ``config``: (groups of 16 rows, cols, num_warps).
+    ``global_scales`` (RHT only): [S_enc, S_dec, ...] already taken (``rows_and_rht_columns_scales``),
+    which skips the amax pass.
     """
+    if global_scales is not None and not rht:
+        raise ValueError("nvfp4_quantize_columns takes precomputed global_scales with rht=True only")
     _check_input(x, 16, "nvfp4_quantize_columns", name)
     x = x.contiguous()
     rows, cols = x.shape
     groups_per_program, block_c, warps = config or (COLUMNS_STOCHASTIC_CONFIG if stochastic else COLUMNS_CONFIG)
-    global_scales, amax = _global_scales_or_amax(x, rht=rht)
+    global_scales, amax = _global_scales_or_amax(x, rht=rht, given=global_scales)
     values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes)
     seed_tensor = _seed_tensor(x, seed, generator) if stochastic else global_scales
     grid = (triton.cdiv(rows // 16, groups_per_program) * triton.cdiv(cols, block_c),)
@@ -809,7 +863,7 @@ def nvfp4_quantize_columns(
         STOCHASTIC=stochastic, WRITE_CODES=write_codes, SCALES_FROM_AMAX=amax is not global_scales,
         REVERSED=REVERSED_QUANTIZE_PASS, SR_BITS=SR_BITS, num_warps=warps, enable_fp_fusion=False,
     )
-    return KernelQuantized(values, scales, global_scales[1:], codes if write_codes else None)
+    return KernelQuantized(values, scales, global_scales[1:2], codes if write_codes else None)
 
 
 EPILOGUE_BLOCK = 4096

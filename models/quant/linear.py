@@ -97,6 +97,26 @@ def _use_kernel(tensor: torch.Tensor, spec: OperandSpec, transpose: bool) -> boo
     return kernels.supports(tensor)
 
 
+def _shared_scales(tensor: torch.Tensor, rows_spec: Optional[OperandSpec],
+                   columns_spec: Optional[OperandSpec]) -> Optional[torch.Tensor]:
+    """[S_enc, S_dec, max |tensor|] from one read when ``tensor`` is quantized by the kernels both along
+    rows (1x16, ``rows_spec``: Fprop X, Dgrad dY) and along columns with the RHT (``columns_spec``:
+    Wgrad X^T, dY^T), else None. The two quantize calls then skip their amax passes: three reads of
+    the tensor for its two orientations instead of four, and the same outputs
+    (``kernels.rows_and_rht_columns_scales``)."""
+    if rows_spec is None or columns_spec is None or rows_spec.tile != (1, 16) or columns_spec.tile != (1, 16):
+        return None
+    if rows_spec.rht or not columns_spec.rht:
+        return None
+    if not (_use_kernel(tensor, rows_spec, transpose=False) and _use_kernel(tensor, columns_spec, transpose=True)):
+        return None
+    from models.quant import kernels
+
+    if not kernels.SHARED_SCALES:
+        return None
+    return kernels.rows_and_rht_columns_scales(tensor)
+
+
 def _scaled_values_exact(spec: OperandSpec, compute_dtype: torch.dtype) -> bool:
     """Whether q * s_b is exact in the (16-bit) compute dtype, so the GEMM can run on scaled values."""
     if compute_dtype == torch.float32:
@@ -141,11 +161,13 @@ def _quantize_operand(
     compute_dtype: torch.dtype,
     rng: RoundingRng,
     name: str,
+    shared_scales: Optional[torch.Tensor] = None,
 ) -> _Operand:
     """Quantize the operand matrix ``tensor.t() if transpose else tensor`` along its last dim.
 
     ``name`` labels the operand in errors ('Fprop X', ...): a constant, so torch.compile does not
     specialize on the layer (the layer's own checks, which name it, ran in the forward).
+    ``shared_scales``: ``_shared_scales(tensor, ...)``, taken by the kernels instead of an amax pass.
     """
     exact = _scaled_values_exact(spec, compute_dtype)
     values_dtype = compute_dtype if exact else torch.float32
@@ -159,12 +181,12 @@ def _quantize_operand(
         if transpose and spec.tile == (1, 16):
             out = kernels.nvfp4_quantize_columns(
                 tensor, rht=spec.rht, stochastic=stochastic, seed=seed, generator=generator, out_dtype=values_dtype,
-                name=name,
+                global_scales=shared_scales, name=name,
             )
         else:  # rows, or a 16x16 tiling, which is the same for the tensor and its transpose
             out = kernels.nvfp4_quantize_rows(
                 tensor, two_d=spec.tile == (16, 16), stochastic=stochastic, seed=seed, generator=generator,
-                out_dtype=values_dtype, name=name,
+                out_dtype=values_dtype, amax=None if shared_scales is None else shared_scales[2:], name=name,
             )
         values = out.values.t() if transpose else out.values
         decode = out.decode_scale.reshape(())
@@ -250,12 +272,14 @@ def _use_epilogue_kernel(out: torch.Tensor, compute_dtype: torch.dtype, result_d
 
 
 def _quantize_pair(a: torch.Tensor, b: torch.Tensor, gemm: GemmSpec, transpose: Tuple[bool, bool],
-                   names: Tuple[str, str], compute_dtype: torch.dtype, rng: RoundingRng) -> Tuple[_Operand, _Operand]:
+                   names: Tuple[str, str], compute_dtype: torch.dtype, rng: RoundingRng,
+                   shared_scales: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None),
+                   ) -> Tuple[_Operand, _Operand]:
     """Both operands of one GEMM, quantized as ``gemm`` says (a first: the order of the random draws)."""
     a_op = _quantize_operand(a, gemm.a, transpose=transpose[0], compute_dtype=compute_dtype, rng=rng,
-                             name=names[0])
+                             name=names[0], shared_scales=shared_scales[0])
     b_op = _quantize_operand(b, gemm.b, transpose=transpose[1], compute_dtype=compute_dtype, rng=rng,
-                             name=names[1])
+                             name=names[1], shared_scales=shared_scales[1])
     return a_op, b_op
 
 
@@ -265,12 +289,16 @@ class QuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, spec: LinearSpec, rng: RoundingRng, compute_dtype):
         x2 = x.reshape(-1, x.shape[-1])
+        # X's global scales for Fprop and Wgrad from one read, when both take the kernels.
+        x_scales = None
+        if spec.fprop is not None and spec.wgrad is not None and ctx.needs_input_grad[1]:
+            x_scales = _shared_scales(x2, spec.fprop.a, spec.wgrad.b)
         if spec.fprop is None:
             out = high_precision_gemm(x2, weight, compute_dtype)
             saved_weight = None
         else:
             x_op, w_op = _quantize_pair(x2, weight, spec.fprop, (False, False), ("Fprop X", "Fprop W"),
-                                        compute_dtype, rng)
+                                        compute_dtype, rng, shared_scales=(x_scales, None))
             out = _gemm(x_op, w_op, compute_dtype)
             saved_weight = w_op if spec.reuses_forward_weight else None
         ctx.spec, ctx.compute_dtype = spec, compute_dtype
@@ -280,11 +308,14 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.has_saved_weight = saved_weight is not None
         ctx.saved_weight_has_decode = saved_weight is not None and saved_weight.decode is not None
+        ctx.has_x_scales = x_scales is not None
         extra = []
         if saved_weight is not None:
             extra.append(saved_weight.values)
             if saved_weight.decode is not None:
                 extra.append(saved_weight.decode)
+        if x_scales is not None:
+            extra.append(x_scales)  # last
         ctx.save_for_backward(x2, weight, *([rng] if ctx.seed_saved else []), *extra)
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
@@ -295,9 +326,14 @@ class QuantLinearFunction(torch.autograd.Function):
         # Indexing, not list.pop: Dynamo traces the saved tensors as a tuple (no pop under compile).
         rng = saved[2] if ctx.seed_saved else ctx.generator
         extra = saved[3:] if ctx.seed_saved else saved[2:]
+        x_scales = extra[-1] if ctx.has_x_scales else None
         spec: LinearSpec = ctx.spec
         compute_dtype = ctx.compute_dtype
         dy = grad_output.reshape(-1, grad_output.shape[-1])
+        # dY's global scales for Dgrad and Wgrad from one read, when both take the kernels.
+        dy_scales = None
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and spec.dgrad is not None and spec.wgrad is not None:
+            dy_scales = _shared_scales(dy, spec.dgrad.a, spec.wgrad.a)
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
             if spec.dgrad is None:
@@ -305,7 +341,7 @@ class QuantLinearFunction(torch.autograd.Function):
             else:
                 dy_op = _quantize_operand(
                     dy, spec.dgrad.a, transpose=False, compute_dtype=compute_dtype, rng=rng,
-                    name="Dgrad dY",
+                    name="Dgrad dY", shared_scales=dy_scales,
                 )
                 if ctx.has_saved_weight:
                     # The same quantized W as Fprop: [N, K] blocked 16x16, used as W^T [K, N].
@@ -323,7 +359,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
             else:
                 dy_t_op, x_t_op = _quantize_pair(dy, x2, spec.wgrad, (True, True), ("Wgrad dY^T", "Wgrad X^T"),
-                                                 compute_dtype, rng)
+                                                 compute_dtype, rng, shared_scales=(dy_scales, x_scales))
                 grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype, result_dtype=weight.dtype)
             grad_weight = grad_weight.to(weight.dtype)
         return grad_x, grad_weight, None, None, None

@@ -88,6 +88,42 @@ def check_nvfp4_amax_passes() -> None:
         kernels.AMAX_REDUCTION, kernels.AMAX_CHUNK, kernels.AMAX_MAX_PROGRAMS = saved
 
 
+def check_shared_scales_of_both_orientations() -> None:
+    """One read for both orientations (kernels.rows_and_rht_columns_scales): element 2 is max |x|
+    (what tensor_amax gives), elements 0-1 are rht_global_scales(x); the rows call given that amax and
+    the RHT columns call given those scales equal the reference bit for bit (RNE) and draw the same
+    stochastic roundings as without them; a NaN reaches both decode scales. Launches where each
+    persistent program takes several steps and the last tiles are partial, too."""
+    saved = kernels.RHT_PLAIN_AMAX_CONFIG
+    try:
+        for config, (rows, cols), dtype in [((4, 64, 4), (64, 160), torch.bfloat16), ((1, 16, 1), (96, 48), torch.float32),
+                                            ((2, 32, 2), (80, 608), torch.bfloat16)]:
+            kernels.RHT_PLAIN_AMAX_CONFIG = config
+            x = oracle.fresh_input(rows, cols, 7.0, torch.float32).to(dtype)
+            what = f"shared scales {config} {rows}x{cols} {dtype}"
+            scales = kernels.rows_and_rht_columns_scales(x)
+            assert scales.shape == (3,) and scales.dtype == torch.float32, what
+            same_bits(scales[2:], x.float().abs().amax().reshape(1), f"{what} plain amax")
+            same_bits(scales[:2], kernels.rht_global_scales(x), f"{what} RHT scales")
+            compare_nvfp4(kernels.nvfp4_quantize_rows(x, write_codes=True, amax=scales[2:]), quantize(x, "nvfp4"),
+                          False, f"{what} rows")
+            compare_nvfp4(kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True, global_scales=scales),
+                          quantize(rht(x.t()), "nvfp4"), True, f"{what} columns RHT")
+            for given, alone in [(kernels.nvfp4_quantize_rows(x, stochastic=True, seed=5, amax=scales[2:]),
+                                  kernels.nvfp4_quantize_rows(x, stochastic=True, seed=5)),
+                                 (kernels.nvfp4_quantize_columns(x, rht=True, stochastic=True, seed=5, global_scales=scales),
+                                  kernels.nvfp4_quantize_columns(x, rht=True, stochastic=True, seed=5))]:
+                same_bits(given.values, alone.values, f"{what} SR values")
+                same_bits(given.decode_scale, alone.decode_scale, f"{what} SR decode scale")
+            x[rows - 1, 0] = math.nan
+            scales = kernels.rows_and_rht_columns_scales(x)
+            assert scales[2].isinf(), what
+            assert kernels.nvfp4_quantize_rows(x, amax=scales[2:]).decode_scale.isnan().all(), what
+            assert kernels.nvfp4_quantize_columns(x, rht=True, global_scales=scales).decode_scale.isnan().all(), what
+    finally:
+        kernels.RHT_PLAIN_AMAX_CONFIG = saved
+
+
 def check_nvfp4_ties() -> None:
     ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
     block0 = [3.0] + [t / 2 for t in ties] + [-t / 2 for t in ties] + [0.0]
@@ -312,7 +348,8 @@ def check_fp8_quantize_ops() -> None:
                 same_bits(got, want, what)
 
 
-CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_amax_passes, check_nvfp4_ties, check_e2m1_rounding_of_every_kind_of_value,
+CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_amax_passes, check_shared_scales_of_both_orientations,
+          check_nvfp4_ties, check_e2m1_rounding_of_every_kind_of_value,
           check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise,
           check_fp8_per_tensor, check_fp8_quantize_ops, check_gemm_output_epilogue]
 

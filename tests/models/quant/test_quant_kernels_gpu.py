@@ -234,6 +234,34 @@ def test_quant_linear_kernels_match_torch_path(kernels):
 
 
 @pytest.mark.parametrize("stochastic_rounding", [False, True])
+def test_quant_linear_shared_scales_change_nothing(kernels, monkeypatch, stochastic_rounding):
+    """X's and dY's global scales from one pass each (kernels.SHARED_SCALES) give the very outputs and
+    gradients of the separate amax passes, stochastic rounding's draws included; the pass runs twice
+    per fwd+bwd (X, dY) when on and never when off."""
+    from models.quant.linear import QuantLinear, nvfp4_linear_spec
+
+    torch.manual_seed(0)
+    module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=stochastic_rounding)).cuda()
+    x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16) * 3
+    dy = torch.randn(4, 64, 384, device="cuda", dtype=torch.bfloat16) * 1e-3
+    original, calls = kernels.rows_and_rht_columns_scales, []
+    monkeypatch.setattr(kernels, "rows_and_rht_columns_scales", lambda t, **kw: calls.append(t.shape) or original(t, **kw))
+    results = []
+    for shared in (True, False):
+        monkeypatch.setattr(kernels, "SHARED_SCALES", shared)
+        calls.clear()
+        module.set_step(7)
+        module.weight.grad = None
+        xi = x.clone().requires_grad_(True)
+        y = module(xi)
+        y.backward(dy)
+        assert calls == ([torch.Size([256, 256]), torch.Size([256, 384])] if shared else [])
+        results.append((y, xi.grad, module.weight.grad.clone()))
+    for shared_result, separate_result in zip(*results):
+        assert torch.equal(shared_result, separate_result)
+
+
+@pytest.mark.parametrize("stochastic_rounding", [False, True])
 def test_quant_linear_compiled_with_inductor_matches_eager(kernels, stochastic_rounding):
     """The kernels inside torch.compile (Inductor compiles each user Triton kernel from spliced
     source: a helper imported under an alias once broke exactly this) give the eager results."""
