@@ -19,6 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import List
 
+import torch
+
 from models.quant import kernels
 
 POINTER_DTYPES = {"bf16": "*bf16", "fp32": "*fp32"}
@@ -82,6 +84,11 @@ def assemble(ptx: str, capability: int) -> tuple:
     return registers, spill_bytes, local, len(instructions), barriers
 
 
+def _bf16_rounding_constexpr(input_dtype: str) -> int:
+    """kernels._bf16_rounding for a bf16/fp32 input, as the launches pass it."""
+    return kernels._bf16_rounding(torch.empty(0, dtype=torch.bfloat16 if input_dtype == "bf16" else torch.float32))
+
+
 def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int):
     block_r, block_c, warps = kernels.TWO_D_CONFIG if two_d else kernels.ROWS_CONFIG
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
@@ -98,7 +105,7 @@ def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capabilit
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
                  "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
                  "groups": "i32", "cols": "i32"}
-    constexprs = dict(GROUPS=groups, BLOCK_C=block_c, RHT=rht, ROUND_BF16=input_dtype == "bf16",
+    constexprs = dict(GROUPS=groups, BLOCK_C=block_c, RHT=rht, ROUND_BF16=_bf16_rounding_constexpr(input_dtype),
                       STOCHASTIC=stochastic, WRITE_CODES=False, SCALES_FROM_AMAX=not rht,
                       REVERSED=kernels.REVERSED_QUANTIZE_PASS, SR_BITS=kernels.SR_BITS)
     return _compile(kernels._quantize_columns_kernel, signature, constexprs, warps, capability)
@@ -106,10 +113,11 @@ def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capabilit
 
 def _amax_variant(input_dtype: str, *, rht: bool, capability: int, plain_amax: bool = False):
     if rht:
-        groups, block_c, warps = kernels.RHT_PLAIN_AMAX_CONFIG if plain_amax else kernels.RHT_AMAX_CONFIG
+        groups, block_c, warps = kernels._rht_amax_config(
+            torch.float32 if input_dtype == "fp32" else torch.bfloat16, plain_amax)
         signature = {"x_ptr": POINTER_DTYPES[input_dtype], "partials_ptr": "*fp32", "groups": "i32", "cols": "i32",
                      "num_tiles_c": "i32", "num_tiles": "i32", "num_programs": "i32"}
-        constexprs = dict(GROUPS=groups, BLOCK_C=block_c, ROUND_BF16=input_dtype == "bf16", PLAIN_AMAX=plain_amax)
+        constexprs = dict(GROUPS=groups, BLOCK_C=block_c, ROUND_BF16=_bf16_rounding_constexpr(input_dtype), PLAIN_AMAX=plain_amax)
         return _compile(kernels._amax_columns_rht_kernel, signature, constexprs, warps, capability)
     block, unroll, warps = kernels.AMAX_CHUNK
     # Sizes are i32 at launch below 2^31 elements (Triton specializes Python ints by value).

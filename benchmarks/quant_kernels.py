@@ -37,8 +37,7 @@ RHT_AMAX_VARIANTS = [(kernels.RHT_AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM)] + 
     variant for variant in [((2, 128, 4), 4), ((2, 128, 4), 8), ((4, 128, 4), 4), ((4, 128, 8), 4), ((2, 256, 8), 4),
                             ((8, 128, 8), 2)]
     if variant != (kernels.RHT_AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM)]
-RHT_PLAIN_AMAX_CONFIGS = [kernels.RHT_PLAIN_AMAX_CONFIG] + [
-    config for config in [(4, 128, 4), (2, 128, 4), (8, 64, 8), (2, 64, 2)] if config != kernels.RHT_PLAIN_AMAX_CONFIG]
+RHT_PLAIN_AMAX_CONFIGS = [(4, 128, 4), (4, 64, 4), (2, 128, 4), (8, 64, 8), (2, 64, 2)]  # the bf16 and fp32 defaults first
 GRAPH_CALLS = 4
 
 
@@ -180,6 +179,10 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
     with _Knobs(REVERSED_QUANTIZE_PASS=False):
         measure("rows 1x16 RNE, tiles in forward order", rows_rne,
                 identical=check_identical(rows_rne(), reference_rows, False))
+    with _Knobs(BF16_ROUNDING="integer"):
+        measure("columns 16x1 RHT RNE, bf16 rounding by integer ops", lambda: kernels.nvfp4_quantize_columns(x, rht=True),
+                identical=check_identical(kernels.nvfp4_quantize_columns(x, rht=True), reference_columns_rht, True))
+        measure("columns 16x1 RHT SR, bf16 rounding by integer ops", columns_rht_sr)
     with _Knobs(SR_BITS=32):
         measure("rows 1x16 SR, 32 random bits per element", rows_sr)
         measure("columns 16x1 RHT SR, 32 random bits per element", columns_rht_sr)
@@ -220,7 +223,7 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
         measure(f"{label}, one shared pass", lambda: pair(stochastic, True), identical=pair_identical(stochastic),
                 floor=2 * floor_ms)
     for plain_config in RHT_PLAIN_AMAX_CONFIGS:
-        with _Knobs(RHT_PLAIN_AMAX_CONFIG=plain_config):
+        with _Knobs(RHT_PLAIN_AMAX_CONFIG=plain_config, RHT_PLAIN_AMAX_CONFIG_FP32=plain_config):
             measure("max|x| + RHT amax + finalize (read floor)",
                     lambda: kernels.rows_and_rht_columns_scales(x), config=list(plain_config), floor=read_floor_ms)
 

@@ -94,11 +94,11 @@ def check_shared_scales_of_both_orientations() -> None:
     the RHT columns call given those scales equal the reference bit for bit (RNE) and draw the same
     stochastic roundings as without them; a NaN reaches both decode scales. Launches where each
     persistent program takes several steps and the last tiles are partial, too."""
-    saved = kernels.RHT_PLAIN_AMAX_CONFIG
+    saved = kernels.RHT_PLAIN_AMAX_CONFIG, kernels.RHT_PLAIN_AMAX_CONFIG_FP32
     try:
         for config, (rows, cols), dtype in [((4, 64, 4), (64, 160), torch.bfloat16), ((1, 16, 1), (96, 48), torch.float32),
                                             ((2, 32, 2), (80, 608), torch.bfloat16)]:
-            kernels.RHT_PLAIN_AMAX_CONFIG = config
+            kernels.RHT_PLAIN_AMAX_CONFIG = kernels.RHT_PLAIN_AMAX_CONFIG_FP32 = config
             x = oracle.fresh_input(rows, cols, 7.0, torch.float32).to(dtype)
             what = f"shared scales {config} {rows}x{cols} {dtype}"
             scales = kernels.rows_and_rht_columns_scales(x)
@@ -121,7 +121,7 @@ def check_shared_scales_of_both_orientations() -> None:
             assert kernels.nvfp4_quantize_rows(x, amax=scales[2:]).decode_scale.isnan().all(), what
             assert kernels.nvfp4_quantize_columns(x, rht=True, global_scales=scales).decode_scale.isnan().all(), what
     finally:
-        kernels.RHT_PLAIN_AMAX_CONFIG = saved
+        kernels.RHT_PLAIN_AMAX_CONFIG, kernels.RHT_PLAIN_AMAX_CONFIG_FP32 = saved
 
 
 def check_nvfp4_ties() -> None:

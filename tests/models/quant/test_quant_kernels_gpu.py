@@ -78,12 +78,38 @@ def test_rows_kernel_bit_identical(kernels, shape, scale, dtype, two_d):
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("use_rht", [False, True])
-def test_columns_kernel_bit_identical(kernels, shape, scale, dtype, use_rht):
+def test_columns_kernel_bit_identical(kernels, monkeypatch, shape, scale, dtype, use_rht):
     x = _input(shape, scale, dtype)
-    _poison_allocator(x.numel() * 4)
-    out = kernels.nvfp4_quantize_columns(x, rht=use_rht, write_codes=True, out_dtype=torch.float32)
     reference = quantize(rht(x.t()) if use_rht else x.t(), "nvfp4")
-    _compare(out, reference, transposed=True)
+    # bf16 input with the RHT: both ways of rounding the transform to bf16 (kernels.BF16_ROUNDING)
+    for bf16_rounding in ("integer", "hardware") if use_rht and dtype == torch.bfloat16 else ("integer",):
+        monkeypatch.setattr(kernels, "BF16_ROUNDING", bf16_rounding)
+        _poison_allocator(x.numel() * 4)
+        out = kernels.nvfp4_quantize_columns(x, rht=use_rht, write_codes=True, out_dtype=torch.float32)
+        _compare(out, reference, transposed=True)
+
+
+@pytest.mark.parametrize("bf16_rounding", ["integer", "hardware"])
+def test_rht_rounding_to_bf16_ties_and_subnormals(kernels, monkeypatch, bf16_rounding):
+    """The transform's bf16 rounding on values that land on ties (1 + 2^-8 between 1 and 1 + 2^-7,
+    and others), on bf16 subnormals and on random values, through the RHT amax pass (whose amax sets the
+    decode scale) and the columns kernel, against torch's rht (a CUDA .to(bfloat16))."""
+    monkeypatch.setattr(kernels, "BF16_ROUNDING", bf16_rounding)
+    columns = []
+    for first, second in [(1.0, 2.0**-8), (1.0, 3 * 2.0**-8), (1.5, 2.0**-8), (3.0, 2.0**-7), (1e-38, 1e-40),
+                          (2.0**-126, 2.0**-133)]:
+        column = torch.zeros(16)
+        column[0], column[1] = first, second  # the RHT output holds first +- second (over 4)
+        columns.append(column)
+    x = torch.stack(columns, dim=1).repeat(4, 8)  # [64, 48]
+    x[:, -16:] = torch.randn(64, 16) * 1e-39  # subnormal inputs
+    x = torch.cat([x, torch.randn(64, 80)], dim=1).to(torch.bfloat16).cuda()
+    transformed = rht(x.t())
+    _compare(kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True), quantize(transformed, "nvfp4"),
+             transposed=True)
+    shared = kernels.rows_and_rht_columns_scales(x)
+    expected = quantize(transformed, "nvfp4")
+    assert torch.equal(shared[1:2], expected.tensor_scale.reshape(1))
 
 
 def test_ties_bit_identical(kernels):
@@ -114,13 +140,17 @@ def test_gpu_reference_matches_cpu_reference():
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_non_finite_input_gives_nan_everywhere(kernels, bad):
+def test_non_finite_input_gives_nan_everywhere(kernels, monkeypatch, bad):
     x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
     x[7, 9] = bad
+    with_rht = []
+    for bf16_rounding in ("integer", "hardware"):
+        monkeypatch.setattr(kernels, "BF16_ROUNDING", bf16_rounding)
+        with_rht.append(kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True))
     for out in (
         kernels.nvfp4_quantize_rows(x, write_codes=True),
         kernels.nvfp4_quantize_rows(x, two_d=True, write_codes=True),
-        kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True),
+        *with_rht,
     ):
         assert out.decode_scale.isnan().all()
         assert (out.values.float() * out.decode_scale).isnan().all()
