@@ -662,7 +662,7 @@ RHT_AMAX_CONFIG = (4, 128, 4)
 (2, 128, 4); fp32 43.2 against 43.5 (every variant timed was within 1% for fp32)."""
 RHT_PLAIN_AMAX_CONFIG = (4, 128, 4)
 """RHT_AMAX_CONFIG for the pass that also takes max |x| (``rows_and_rht_columns_scales``), bf16 input
-(X and dY under autocast): 48.8 us against 54.2 at (4, 64, 4), 8192 x 5120, GPU time (run Z2)."""
+(X and dY under autocast): 48.8 us against 54.2 at (4, 64, 4), 8192 x 5120, GPU time (run AA)."""
 RHT_PLAIN_AMAX_CONFIG_FP32 = (4, 64, 4)
 """The same for fp32 input: the second maximum keeps the 16 loaded rows live through the transform,
 and at (4, 128, 4) Triton 3.6 compiled that to 168 registers for fp32 (3 programs per SM resident,
