@@ -662,7 +662,10 @@ RHT_AMAX_CONFIG = (4, 128, 4)
 (2, 128, 4); fp32 43.2 against 43.5 (every variant timed was within 1% for fp32)."""
 RHT_PLAIN_AMAX_CONFIG = (4, 128, 4)
 """RHT_AMAX_CONFIG for the pass that also takes max |x| (``rows_and_rht_columns_scales``), bf16 input
-(X and dY under autocast): 48.8 us against 54.2 at (4, 64, 4), 8192 x 5120, GPU time (run AA)."""
+(X and dY under autocast): 48.8 us against 54.2 at (4, 64, 4), 8192 x 5120, GPU time (run AA). It
+compiles to 128 registers with the hardware bf16 rounding (Triton 3.6), the cap CI's compile check
+allows: four programs of 128 threads per SM still fit (AMAX_PROGRAMS_PER_SM), a fifth would not;
+(4, 64, 4) leaves room if an edit needs it."""
 RHT_PLAIN_AMAX_CONFIG_FP32 = (4, 64, 4)
 """The same for fp32 input: the second maximum keeps the 16 loaded rows live through the transform,
 and at (4, 128, 4) Triton 3.6 compiled that to 168 registers for fp32 (3 programs per SM resident,
@@ -873,7 +876,7 @@ def nvfp4_quantize_columns(
     Equals ``formats.quantize(rht(x.t()) if rht else x.t(), "nvfp4")`` transposed back: outputs are
     in x's layout, scales [rows / 16, cols]. ``config``: (groups of 16 rows, cols, num_warps).
     ``global_scales`` (RHT only): [S_enc, S_dec, ...] already taken (``rows_and_rht_columns_scales``),
-    which skips the amax pass.
+    which skips the amax pass; the returned decode scale is then a view of it.
     """
     if global_scales is not None and not rht:
         raise ValueError("nvfp4_quantize_columns takes precomputed global_scales with rht=True only")

@@ -287,11 +287,13 @@ class QuantLinearFunction(torch.autograd.Function):
     """Y = X W^T with emulated quantized GEMMs; see the module docstring for the op order."""
 
     @staticmethod
-    def forward(ctx, x, weight, spec: LinearSpec, rng: RoundingRng, compute_dtype):
+    def forward(ctx, x, weight, spec: LinearSpec, rng: RoundingRng, compute_dtype, grad_enabled: bool = True):
         x2 = x.reshape(-1, x.shape[-1])
-        # X's global scales for Fprop and Wgrad from one read, when both take the kernels.
+        # X's global scales for Fprop and Wgrad from one read, when both take the kernels and a
+        # backward will run (grad mode is passed in: inside forward it is always off, and
+        # needs_input_grad ignores it, so under no_grad the pass would be taken for nothing).
         x_scales = None
-        if spec.fprop is not None and spec.wgrad is not None and ctx.needs_input_grad[1]:
+        if spec.fprop is not None and spec.wgrad is not None and grad_enabled and ctx.needs_input_grad[1]:
             x_scales = _shared_scales(x2, spec.fprop.a, spec.wgrad.b)
         if spec.fprop is None:
             out = high_precision_gemm(x2, weight, compute_dtype)
@@ -362,7 +364,7 @@ class QuantLinearFunction(torch.autograd.Function):
                                                  compute_dtype, rng, shared_scales=(dy_scales, x_scales))
                 grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype, result_dtype=weight.dtype)
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_x, grad_weight, None, None, None
+        return grad_x, grad_weight, None, None, None, None
 
 
 class QuantLinear(QuantizedLinear):
@@ -381,4 +383,5 @@ class QuantLinear(QuantizedLinear):
         super().check_input(x)
 
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-        return QuantLinearFunction.apply(x, self.weight, self.spec, self.rounding_rng(), compute_dtype)
+        return QuantLinearFunction.apply(x, self.weight, self.spec, self.rounding_rng(), compute_dtype,
+                                         torch.is_grad_enabled())

@@ -274,21 +274,48 @@ def test_quant_linear_shared_scales_change_nothing(kernels, monkeypatch, stochas
     module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=stochastic_rounding)).cuda()
     x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16) * 3
     dy = torch.randn(4, 64, 384, device="cuda", dtype=torch.bfloat16) * 1e-3
-    original, calls = kernels.rows_and_rht_columns_scales, []
-    monkeypatch.setattr(kernels, "rows_and_rht_columns_scales", lambda t, **kw: calls.append(t.shape) or original(t, **kw))
+    calls = {"shared": [], "amax": 0, "rht alone": 0}
+    shared_pass, amax_pass, rht_pass = kernels.rows_and_rht_columns_scales, kernels.tensor_amax, kernels.rht_global_scales
+
+    def count_shared(t, **kw):
+        calls["shared"].append(t.shape)
+        return shared_pass(t, **kw)
+
+    def count_amax(t):
+        calls["amax"] += 1
+        return amax_pass(t)
+
+    def count_rht(t, *, plain_amax=False):
+        calls["rht alone"] += not plain_amax
+        return rht_pass(t, plain_amax=plain_amax)
+
+    monkeypatch.setattr(kernels, "rows_and_rht_columns_scales", count_shared)
+    monkeypatch.setattr(kernels, "tensor_amax", count_amax)
+    monkeypatch.setattr(kernels, "rht_global_scales", count_rht)
     results = []
     for shared in (True, False):
         monkeypatch.setattr(kernels, "SHARED_SCALES", shared)
-        calls.clear()
+        calls.update(shared=[], amax=0)
+        calls["rht alone"] = 0
         module.set_step(7)
         module.weight.grad = None
         xi = x.clone().requires_grad_(True)
         y = module(xi)
         y.backward(dy)
-        assert calls == ([torch.Size([256, 256]), torch.Size([256, 384])] if shared else [])
+        # Shared: one pass each for X and dY, and the only separate amax pass is W's (2D); else the
+        # rows calls of X and dY and W take one each and the RHT columns calls two RHT passes.
+        expected = ({"shared": [torch.Size([256, 256]), torch.Size([256, 384])], "amax": 1, "rht alone": 0} if shared
+                    else {"shared": [], "amax": 3, "rht alone": 2})
+        assert calls == expected
         results.append((y, xi.grad, module.weight.grad.clone()))
     for shared_result, separate_result in zip(*results):
         assert torch.equal(shared_result, separate_result)
+    # No backward to come (no_grad): no shared pass, X's rows call takes its own amax.
+    monkeypatch.setattr(kernels, "SHARED_SCALES", True)
+    calls.update(shared=[], amax=0)
+    with torch.no_grad():
+        module(x)
+    assert calls["shared"] == [] and calls["amax"] == 2
 
 
 @pytest.mark.parametrize("stochastic_rounding", [False, True])
