@@ -264,16 +264,18 @@ def test_quant_linear_kernels_match_torch_path(kernels):
 
 
 @pytest.mark.parametrize("stochastic_rounding", [False, True])
-def test_quant_linear_shared_scales_change_nothing(kernels, monkeypatch, stochastic_rounding):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quant_linear_shared_scales_change_nothing(kernels, monkeypatch, stochastic_rounding, dtype):
     """X's and dY's global scales from one pass each (kernels.SHARED_SCALES) give the very outputs and
     gradients of the separate amax passes, stochastic rounding's draws included; the pass runs twice
-    per fwd+bwd (X, dY) when on and never when off."""
+    per fwd+bwd (X, dY) when on and never when off. fp32 (no autocast: fp32 compute) takes the
+    shared pass's fp32 launch (RHT_PLAIN_AMAX_CONFIG_FP32)."""
     from models.quant.linear import QuantLinear, nvfp4_linear_spec
 
     torch.manual_seed(0)
     module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=stochastic_rounding)).cuda()
-    x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16) * 3
-    dy = torch.randn(4, 64, 384, device="cuda", dtype=torch.bfloat16) * 1e-3
+    x = torch.randn(4, 64, 256, device="cuda", dtype=dtype) * 3
+    dy = torch.randn(4, 64, 384, device="cuda", dtype=dtype) * 1e-3
     calls = {"shared": [], "amax": 0, "rht alone": 0}
     shared_pass, amax_pass, rht_pass = kernels.rows_and_rht_columns_scales, kernels.tensor_amax, kernels.rht_global_scales
 
