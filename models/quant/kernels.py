@@ -175,22 +175,23 @@ if triton is not None:
         x14 = x14 * 0.25
         x15 = x15 * 0.25
         if ROUND_BF16 != 0:
-            x0 = _round_to_bf16(x0, ROUND_BF16 == 2)
-            x1 = _round_to_bf16(x1, ROUND_BF16 == 2)
-            x2 = _round_to_bf16(x2, ROUND_BF16 == 2)
-            x3 = _round_to_bf16(x3, ROUND_BF16 == 2)
-            x4 = _round_to_bf16(x4, ROUND_BF16 == 2)
-            x5 = _round_to_bf16(x5, ROUND_BF16 == 2)
-            x6 = _round_to_bf16(x6, ROUND_BF16 == 2)
-            x7 = _round_to_bf16(x7, ROUND_BF16 == 2)
-            x8 = _round_to_bf16(x8, ROUND_BF16 == 2)
-            x9 = _round_to_bf16(x9, ROUND_BF16 == 2)
-            x10 = _round_to_bf16(x10, ROUND_BF16 == 2)
-            x11 = _round_to_bf16(x11, ROUND_BF16 == 2)
-            x12 = _round_to_bf16(x12, ROUND_BF16 == 2)
-            x13 = _round_to_bf16(x13, ROUND_BF16 == 2)
-            x14 = _round_to_bf16(x14, ROUND_BF16 == 2)
-            x15 = _round_to_bf16(x15, ROUND_BF16 == 2)
+            hardware: tl.constexpr = ROUND_BF16 == 2
+            x0 = _round_to_bf16(x0, hardware)
+            x1 = _round_to_bf16(x1, hardware)
+            x2 = _round_to_bf16(x2, hardware)
+            x3 = _round_to_bf16(x3, hardware)
+            x4 = _round_to_bf16(x4, hardware)
+            x5 = _round_to_bf16(x5, hardware)
+            x6 = _round_to_bf16(x6, hardware)
+            x7 = _round_to_bf16(x7, hardware)
+            x8 = _round_to_bf16(x8, hardware)
+            x9 = _round_to_bf16(x9, hardware)
+            x10 = _round_to_bf16(x10, hardware)
+            x11 = _round_to_bf16(x11, hardware)
+            x12 = _round_to_bf16(x12, hardware)
+            x13 = _round_to_bf16(x13, hardware)
+            x14 = _round_to_bf16(x14, hardware)
+            x15 = _round_to_bf16(x15, hardware)
         return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
 
     @triton.jit
