@@ -89,8 +89,9 @@ def _bf16_rounding_constexpr(input_dtype: str) -> int:
     return kernels._bf16_rounding(torch.empty(0, dtype=torch.bfloat16 if input_dtype == "bf16" else torch.float32))
 
 
-def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int):
-    block_r, block_c, warps = kernels.TWO_D_CONFIG if two_d else kernels.ROWS_CONFIG
+def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int, narrow: bool = False):
+    block_r, block_c, warps = (kernels.TWO_D_CONFIG if two_d
+                               else kernels.ROWS_CONFIG_NARROW if narrow else kernels.ROWS_CONFIG)
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
                  "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
                  "rows": "i32", "cols": "i32"}
@@ -131,6 +132,10 @@ VARIANTS = {
     "amax RHT + plain": lambda dtype, cc: _amax_variant(dtype, rht=True, capability=cc, plain_amax=True),
     "rows 1x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=False, capability=cc),
     "rows 1x16 SR": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=True, capability=cc),
+    "rows 1x16 RNE, narrow": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=False, capability=cc,
+                                                              narrow=True),
+    "rows 1x16 SR, narrow": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=True, capability=cc,
+                                                             narrow=True),
     "2D 16x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=True, stochastic=False, capability=cc),
     "columns 16x1 RNE": lambda dtype, cc: _columns_variant(dtype, rht=False, stochastic=False, capability=cc),
     "columns 16x1 SR": lambda dtype, cc: _columns_variant(dtype, rht=False, stochastic=True, capability=cc),

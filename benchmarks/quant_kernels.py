@@ -28,9 +28,9 @@ from models.quant.rht import rht
 
 # (tile rows, tile cols, num_warps) and (groups of 16 rows, cols, num_warps); the first is the default.
 ROWS_CONFIGS = [kernels.ROWS_CONFIG, (16, 128, 4), (16, 256, 8), (32, 128, 8), (16, 64, 2), (8, 256, 4),
-                (32, 256, 8), (64, 128, 8)]
+                (32, 256, 8), (64, 128, 8), (32, 128, 4)]
 COLUMNS_CONFIGS = [kernels.COLUMNS_CONFIG, (1, 128, 4), (2, 256, 8), (2, 128, 8), (1, 256, 8), (2, 64, 4),
-                   (4, 64, 8), (1, 64, 2)]
+                   (4, 64, 8), (1, 64, 2), (2, 128, 4)]
 AMAX_CHUNKS = [kernels.AMAX_CHUNK, (2048, 4, 4), (1024, 8, 4), (8192, 2, 8)]
 # ((groups of 16 rows, cols, num_warps), programs per SM) of the persistent RHT amax kernel.
 RHT_AMAX_VARIANTS = [(kernels.RHT_AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM)] + [

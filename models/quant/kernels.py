@@ -636,15 +636,22 @@ if triton is not None:
 # The 2D kernel (the weights) takes 16 x 64 x 2 (TWO_D_CONFIG): 89.9 us against 140.1 at 16 x 256 x 4
 # for bf16 input, 113.3 against 165.2 for fp32 (the FP32 master weights), 8192 x 5120, GPU time
 # (run Z, 2026-12-04).
-# Stochastic rounding in the columns kernel takes 1 group x 128 cols x 4 warps (one element per
-# thread and row): 141.0 us against 146.8 at 4 x 128 x 8 with RHT (8192 x 5120, GPU time, run W).
-# At two or more elements per thread and row, Triton 3.6 computes the Philox words in another
-# register layout than the data and moves each row's uniforms through shared memory (16 layout
-# conversions, 31 barriers per program; scripts/kernel_resources.py shows none at this launch).
+# Stochastic rounding in the columns kernel takes 2 groups x 128 cols x 4 warps (run AC, 2026-12-04,
+# RHT, global scales given, each call on an input not in L2, GPU time): 86.6 us against 91.0 at the
+# former 1 x 128 x 4 (8192 x 5120), 334.4 against 354.3 (8192 x 20480), 78.8 against 82.6 (32768 x
+# 1152), and 4-5% less at the study's widths 256 to 1024. At two elements per thread and row Triton
+# 3.6 computes the Philox words in another register layout than the data and moves them through
+# shared memory (31 barriers per program, scripts/kernel_resources.py), which 1 x 128 x 4 avoids;
+# the second group per program pays for that.
 ROWS_CONFIG = (16, 256, 4)
+ROWS_CONFIG_NARROW = (32, 128, 4)
+"""The rows kernels' launch when cols is not a multiple of ROWS_CONFIG's 256 (e.g. the study's Mamba
+in_proj, 1152 = 4.5 x 256, whose last 256-wide tile would be half masked): the same 4096 elements per
+program in 128-wide tiles. 48.4 us RNE and 63.8 SR against 52.4 and 72.4 at 16 x 256 x 4 (32768 x
+1152 bf16, run AC); at widths that 256 divides it was within 0.5 us of ROWS_CONFIG."""
 TWO_D_CONFIG = (16, 64, 2)
 COLUMNS_CONFIG = (4, 128, 8)
-COLUMNS_STOCHASTIC_CONFIG = (1, 128, 4)
+COLUMNS_STOCHASTIC_CONFIG = (2, 128, 4)
 AMAX_REDUCTION = "triton"
 """How the per-tensor amax of the non-RHT kernels is taken: "triton" (``_amax_chunks_kernel``: 16K
 elements per program, more past 2^26 elements; one atomic max each into a zeroed fp32) or "torch"
@@ -691,6 +698,12 @@ SR_BITS = 8
 """Random bits per element of stochastic rounding: 8 (one Philox call per 16 elements, as TE's
 cvt.rs.e2m1x4 takes one 32-bit word per 4 values) or 32 (``tl.rand4x``'s full uniforms, one call per
 4 elements)."""
+
+
+def rows_config(cols: int) -> tuple:
+    """The 1x16 rows kernels' default launch for a tensor ``cols`` wide (ROWS_CONFIG_NARROW where
+    ROWS_CONFIG's tile width does not divide it)."""
+    return ROWS_CONFIG if cols % ROWS_CONFIG[1] == 0 else ROWS_CONFIG_NARROW
 
 
 def _check_input(x: torch.Tensor, rows_multiple: int, what: str, name: Optional[str]) -> None:
@@ -842,7 +855,7 @@ def nvfp4_quantize_rows(
     _check_input(x, 16 if two_d else 1, "nvfp4_quantize_rows", name)
     x = x.contiguous()
     rows, cols = x.shape
-    block_r, block_c, warps = config or (TWO_D_CONFIG if two_d else ROWS_CONFIG)
+    block_r, block_c, warps = config or (TWO_D_CONFIG if two_d else rows_config(cols))
     if two_d:
         block_r = 16
     global_scales, amax = _global_scales_or_amax(x, rht=False, given=amax)

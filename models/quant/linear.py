@@ -50,6 +50,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from models.quant import formats
+from models.quant.bf16_rounding import round_to_bf16_by_bits
 from models.quant.gemm_spec import (  # noqa: F401 - re-exported: the specs' long-standing import path
     GemmSpec,
     LinearSpec,
@@ -247,6 +248,13 @@ def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
     decodes = [scale for scale in (a.decode, b.decode) if scale is not None]
     if not decodes:
         return out.to(compute_dtype).to(result_dtype)
+    if torch.compiler.is_compiling() and compute_dtype == torch.bfloat16 and (
+            result_dtype == compute_dtype or not _use_epilogue_kernel(out, compute_dtype, result_dtype)):
+        # Traced: plain torch ops, which Inductor fuses into the kernel that consumes the output (the
+        # activation, the residual add, the gradient's next op) instead of a separate pass writing a
+        # bf16 copy; rounded on the bits, since Inductor may drop a bf16 cast's rounding. (Wgrad's
+        # FP32 result on CUDA keeps the kernel below, which writes it in place.)
+        return _scale_and_round_to_bf16(out, decodes, result_dtype)
     if _use_epilogue_kernel(out, compute_dtype, result_dtype):
         from models.quant import kernels
 
@@ -258,6 +266,16 @@ def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
     # (out * S_dec) in fp32, rounded once to the compute dtype (torch.compile fuses the two; an out=
     # of another dtype, which would do it in one eager pass, is a graph break)
     return out.mul_(decode).to(compute_dtype).to(result_dtype)
+
+
+def _scale_and_round_to_bf16(out: torch.Tensor, decodes, result_dtype: torch.dtype) -> torch.Tensor:
+    """(out * S_dec) rounded to bf16, returned in ``result_dtype`` (bf16, or fp32 for an FP32 Wgrad):
+    the traced form of ``kernels.scale_gemm_output``, the same fp32 product of the decode scales (a's
+    first), one fp32 multiply, one RNE rounding.
+
+    out: fp32 GEMM output [M, N]; decodes: one or two fp32 one-element tensors."""
+    decode = decodes[0] if len(decodes) == 1 else decodes[0] * decodes[1]
+    return round_to_bf16_by_bits(out * decode).to(result_dtype)  # exact: already a bf16 value
 
 
 def _use_epilogue_kernel(out: torch.Tensor, compute_dtype: torch.dtype, result_dtype: torch.dtype) -> bool:

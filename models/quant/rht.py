@@ -16,12 +16,15 @@ inverse_rht(y) = y @ M^T = s * (H16 y) / 4.
 Arithmetic (fixed, so the Triton kernel in ``models.quant.kernels`` matches bit for bit): fp32;
 the sign flip is exact; H16 v is a fast Walsh-Hadamard butterfly of four stages with strides
 8, 4, 2, 1, each mapping pairs (a, b) = (v[j], v[j + stride]) to (a + b, a - b); then * 0.25
-(exact); the result is rounded once to the input's dtype (TE's RHT also returns the input dtype).
+(exact); the result is rounded once to the input's dtype (TE's RHT also returns the input dtype;
+bf16 by ``bf16_rounding``, which torch.compile cannot drop).
 """
 
 from __future__ import annotations
 
 import torch
+
+from models.quant.bf16_rounding import to_dtype_rounded
 
 HADAMARD_SIZE = 16
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
@@ -84,7 +87,7 @@ def rht(x: torch.Tensor, *, name=None) -> torch.Tensor:
     signs = torch.tensor(RHT_SIGNS, dtype=torch.float32, device=x.device)
     tiles = x.float().unflatten(-1, (-1, HADAMARD_SIZE))  # a view when x is fp32
     y = _walsh_hadamard_16_(tiles * signs).mul_(0.25)
-    return y.reshape(x.shape).to(x.dtype)
+    return to_dtype_rounded(y.reshape(x.shape), x.dtype)
 
 
 def inverse_rht(y: torch.Tensor, *, name=None) -> torch.Tensor:
@@ -92,4 +95,4 @@ def inverse_rht(y: torch.Tensor, *, name=None) -> torch.Tensor:
     _check_last_dim(y, name)
     signs = torch.tensor(RHT_SIGNS, dtype=torch.float32, device=y.device)
     x = _walsh_hadamard_16_(_fp32_tiles(y)).mul_(0.25).mul_(signs)
-    return x.reshape(y.shape).to(y.dtype)
+    return to_dtype_rounded(x.reshape(y.shape), y.dtype)

@@ -24,7 +24,7 @@ def _check(rows) -> None:
     from benchmarks.kernel_resources import VARIANTS
 
     by_name = {(row.name, row.input_dtype): row for row in rows}
-    assert len(by_name) == 2 * len(VARIANTS) == 20, sorted(by_name)
+    assert len(by_name) == 2 * len(VARIANTS) == 24, sorted(by_name)
     for row in rows:
         assert row.spill_bytes == 0 and row.local_memory_instructions == 0, row
         assert row.registers <= 128, row
@@ -33,10 +33,11 @@ def _check(rows) -> None:
         # that replicates the tile in every thread shows as several times the rows kernel's SASS.
         rows_sass = by_name[("rows 1x16 RNE", dtype)].sass_instructions
         assert by_name[("2D 16x16 RNE", dtype)].sass_instructions < 1.5 * rows_sass, by_name
-        # Stochastic rounding along the columns launches where the random words share the data's
-        # register layout: no conversions through shared memory, so no barriers at all.
-        assert by_name[("columns 16x1 SR", dtype)].barriers == 0, by_name
-        assert by_name[("columns 16x1 RHT SR", dtype)].barriers == 0, by_name
+        # Stochastic rounding along the columns moves its random words through shared memory at its
+        # 2 x 128 x 4 launch (kernels.COLUMNS_STOCHASTIC_CONFIG: faster on the H200 all the same);
+        # RNE moves nothing there: a barrier in it would mean a layout change to look at.
+        assert by_name[("columns 16x1 RNE", dtype)].barriers == 0, by_name
+        assert by_name[("columns 16x1 RHT RNE", dtype)].barriers == 0, by_name
 
 
 def test_kernels_compile_without_spills_with_the_installed_triton():

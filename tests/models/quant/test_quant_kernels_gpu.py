@@ -320,25 +320,34 @@ def test_quant_linear_shared_scales_change_nothing(kernels, monkeypatch, stochas
     assert calls["shared"] == [] and calls["amax"] == 2
 
 
+@pytest.mark.parametrize("with_consumers", [False, True])
 @pytest.mark.parametrize("stochastic_rounding", [False, True])
-def test_quant_linear_compiled_with_inductor_matches_eager(kernels, stochastic_rounding):
+def test_quant_linear_compiled_with_inductor_matches_eager(kernels, stochastic_rounding, with_consumers):
     """The kernels inside torch.compile (Inductor compiles each user Triton kernel from spliced
-    source: a helper imported under an alias once broke exactly this) give the eager results."""
+    source: a helper imported under an alias once broke exactly this) give the eager results.
+    with_consumers: the layer inside a function that doubles X and the output in fp32 (exact), so
+    Inductor fuses the traced output scaling of Fprop and Dgrad into those ops; a lost bf16 rounding
+    would show bit for bit."""
     from models.quant.linear import QuantLinear, nvfp4_linear_spec
 
     torch.manual_seed(0)
     module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=stochastic_rounding)).cuda()
-    compiled = torch.compile(module, backend="inductor", fullgraph=True)  # one graph: the SR seed is a tensor
+
+    def around(inputs):
+        return module(inputs * 2).float() * 2
+
+    eager = around if with_consumers else module
+    compiled = torch.compile(eager, backend="inductor", fullgraph=True)  # one graph: the SR seed is a tensor
     x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(4, 64, 384, device="cuda", dtype=torch.bfloat16)
     results = []
-    for run in (module, compiled):
+    for run in (eager, compiled):
         if hasattr(module, "set_step"):
             module.set_step(7)  # the same stochastic-rounding draws in both runs
         module.weight.grad = None
         xi = x.clone().requires_grad_(True)
         y = run(xi)
-        y.backward(dy)
+        y.backward(dy.to(y.dtype))  # bf16 values: 2 dY is exact in fp32 and bf16
         results.append((y, xi.grad, module.weight.grad.clone()))
     (y_eager, dx_eager, dw_eager), (y_compiled, dx_compiled, dw_compiled) = results
     assert torch.isfinite(y_compiled).all() and torch.isfinite(dw_compiled).all()

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.quant import linear as quant_linear
+from models.quant.bf16_rounding import round_to_bf16_by_bits
 from models.quant.linear import (
     GemmSpec,
     LinearSpec,
@@ -348,6 +349,56 @@ def test_cpu_path_never_imports_the_kernels_module():
         "assert 'models.quant.kernels' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[3]))
+
+
+def test_round_to_bf16_by_bits_is_the_cast():
+    """The traced GEMM output's rounding (integer ops on the bits) is torch's fp32 -> bf16 cast: on
+    random values, exact ties both ways, values that carry into the exponent, subnormals, the
+    overflow to Inf and the specials."""
+    torch.manual_seed(0)
+    random = torch.randn(4096) * torch.exp2(torch.randint(-140, 120, (4096,)).float())
+    # exact ties between two bf16 neighbours (low 16 bits 0x8000), even and odd kept bits, in [1, 2)
+    halfway = (torch.randint(0, 128, (512,), dtype=torch.int32) << 16 | 0x3F808000).view(torch.float32)
+    specials = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-39, 3.3895e38, 3.4028e38, -3.4028e38,
+                             float("inf"), float("-inf"), 1.0 - 2**-24, 255.99999])
+    y = torch.cat([random, -random, halfway, -halfway, specials])
+    rounded = round_to_bf16_by_bits(y)
+    assert torch.equal(rounded.view(torch.int32), y.to(torch.bfloat16).float().view(torch.int32))
+    nan = round_to_bf16_by_bits(torch.tensor([float("nan")]))
+    assert torch.isnan(nan).all()
+
+
+def test_compiled_bf16_gemm_output_feeds_its_consumers_rounded():
+    """Under torch.compile a bf16 GEMM output is scaled and rounded by traced torch ops (which Inductor
+    fuses into the consumer); the consumers must see the bf16-rounded value exactly as in eager mode.
+    The function around the layer doubles X and the output in fp32 (exact), so a lost rounding of Y
+    or of dX would show bit for bit; Inductor on the CPU generates and fuses the code that the GPU runs
+    in Triton."""
+    import torch._dynamo
+
+    module = _layer(nvfp4_linear_spec(stochastic_rounding=False))
+    torch.manual_seed(1)
+    x = torch.randn(TOKENS, IN_FEATURES).to(torch.bfloat16)
+    dy = torch.randn(TOKENS, OUT_FEATURES).to(torch.bfloat16).float()  # 2 dY is exact in bf16
+
+    def around(inputs):
+        return module(inputs * 2).float() * 2
+
+    def run(fn):
+        inputs = x.clone().requires_grad_(True)
+        module.weight.grad = None
+        y = fn(inputs)
+        y.backward(dy)
+        return y, inputs.grad, module.weight.grad.clone()
+
+    torch._dynamo.reset()
+    eager = run(around)
+    assert eager[0].dtype == torch.float32 and eager[1].dtype == torch.bfloat16
+    for backend in ("aot_eager", "inductor"):
+        compiled = run(torch.compile(around, backend=backend, fullgraph=True))
+        for what, got, want in zip(("Y", "dX", "dW"), compiled, eager):
+            assert torch.equal(got, want), f"{backend}: {what} differs from eager"
+    torch._dynamo.reset()
 
 
 def test_torch_compile_traces_without_graph_breaks_and_keeps_numerics():
