@@ -248,34 +248,26 @@ def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
     decodes = [scale for scale in (a.decode, b.decode) if scale is not None]
     if not decodes:
         return out.to(compute_dtype).to(result_dtype)
-    if torch.compiler.is_compiling() and compute_dtype == torch.bfloat16 and (
-            result_dtype == compute_dtype or not _use_epilogue_kernel(out, compute_dtype, result_dtype)):
-        # Traced: plain torch ops, which Inductor fuses into the kernel that consumes the output (the
-        # activation, the residual add, the gradient's next op) instead of a separate pass writing a
-        # bf16 copy; rounded on the bits, since Inductor may drop a bf16 cast's rounding. (Wgrad's
-        # FP32 result on CUDA keeps the kernel below, which writes it in place.)
-        return _scale_and_round_to_bf16(out, decodes, result_dtype)
-    if _use_epilogue_kernel(out, compute_dtype, result_dtype):
+    # Under torch.compile a bf16 result is left to plain torch ops, which Inductor fuses into the
+    # kernel that consumes it (the activation, the residual add, the gradient's next op) instead of a
+    # separate pass writing a bf16 copy; Wgrad's FP32 result keeps the kernel, which writes in place.
+    traced = torch.compiler.is_compiling() and result_dtype == compute_dtype == torch.bfloat16
+    if _use_epilogue_kernel(out, compute_dtype, result_dtype) and not traced:
         from models.quant import kernels
 
         # One vectorized pass, the two decode scales multiplied inside it; the FP32 Wgrad is
         # written in place over the fp32 GEMM output.
         return kernels.scale_gemm_output(out, decodes[0], compute_dtype, widen_to=result_dtype,
                                          decode_b=decodes[1] if len(decodes) == 2 else None)
+    # (out * S_dec) in fp32, the two decode scales multiplied first (a's first), rounded once to the
+    # compute dtype (torch.compile fuses the two; an out= of another dtype, which would do it in one
+    # eager pass, is a graph break). bf16 is rounded on the bits: Inductor may drop the rounding of a
+    # bf16 cast that it fuses into an fp32 consumer (models.quant.bf16_rounding).
     decode = decodes[0] if len(decodes) == 1 else decodes[0] * decodes[1]
-    # (out * S_dec) in fp32, rounded once to the compute dtype (torch.compile fuses the two; an out=
-    # of another dtype, which would do it in one eager pass, is a graph break)
-    return out.mul_(decode).to(compute_dtype).to(result_dtype)
-
-
-def _scale_and_round_to_bf16(out: torch.Tensor, decodes, result_dtype: torch.dtype) -> torch.Tensor:
-    """(out * S_dec) rounded to bf16, returned in ``result_dtype`` (bf16, or fp32 for an FP32 Wgrad):
-    the traced form of ``kernels.scale_gemm_output``, the same fp32 product of the decode scales (a's
-    first), one fp32 multiply, one RNE rounding.
-
-    out: fp32 GEMM output [M, N]; decodes: one or two fp32 one-element tensors."""
-    decode = decodes[0] if len(decodes) == 1 else decodes[0] * decodes[1]
-    return round_to_bf16_by_bits(out * decode).to(result_dtype)  # exact: already a bf16 value
+    scaled = out.mul_(decode)
+    if compute_dtype == torch.bfloat16:
+        return round_to_bf16_by_bits(scaled).to(result_dtype)  # exact: already a bf16 value
+    return scaled.to(compute_dtype).to(result_dtype)
 
 
 def _use_epilogue_kernel(out: torch.Tensor, compute_dtype: torch.dtype, result_dtype: torch.dtype) -> bool:
