@@ -465,7 +465,11 @@ if triton is not None:
             scale_offsets = row.to(tl.int64)[:, None] * scale_cols + scale_col[None, :]
             tl.store(scales_ptr + scale_offsets, code, mask=scale_mask)
         reciprocal = _block_reciprocal(scale, decode)
-        scaled = x3 * tl.reshape(reciprocal, [BLOCK_R, BLOCK_C // 16, 1])
+        # Broadcast by expand_dims, not tl.reshape(.., [.., 1]): the reshape gave the 2D kernel's scales a
+        # layout Triton then converted through shared memory (Triton 3.6: 712 SASS instructions and 6
+        # barriers against 656 and 2; 89.9 -> 83.1 us at 8192 x 5120 bf16, run AK); the 1x16 kernels compile
+        # the same either way.
+        scaled = x3 * reciprocal[:, :, None]
         if STOCHASTIC and SR_BITS == 8:
             # One Philox call per 16-element block (counter = the first element's offset): four
             # words, 8 bits per element; element 4 w + b of the block gets byte b of word w.
@@ -486,7 +490,7 @@ if triton is not None:
         else:
             uniform = scaled
         value, code_e2m1 = _round_e2m1(scaled, uniform, STOCHASTIC)
-        value = value * tl.reshape(scale, [BLOCK_R, BLOCK_C // 16, 1])
+        value = value * scale[:, :, None]
         value = tl.reshape(value, [BLOCK_R, BLOCK_C])
         tl.store(values_ptr + offsets, value.to(values_ptr.dtype.element_ty), mask=mask)
         if WRITE_CODES:
@@ -635,7 +639,7 @@ if triton is not None:
 # 5120, GPU time; 64 registers with RNE and 75 with SR, no spills (scripts/kernel_resources.py).
 # The 2D kernel (the weights) takes 16 x 64 x 2 (TWO_D_CONFIG): 89.9 us against 140.1 at 16 x 256 x 4
 # for bf16 input, 113.3 against 165.2 for fp32 (the FP32 master weights), 8192 x 5120, GPU time
-# (run Z, 2026-12-04).
+# (run Z, 2026-12-04); 83.1 and 106.1 us since its scales broadcast without a reshape (run AK).
 # Stochastic rounding in the columns kernel takes 2 groups x 128 cols x 4 warps (run AC, 2026-12-04,
 # RHT, global scales given, each call on an input not in L2, GPU time): 86.6 us against 91.0 at the
 # former 1 x 128 x 4 (8192 x 5120), 334.4 against 354.3 (8192 x 20480), 78.8 against 82.6 (32768 x
