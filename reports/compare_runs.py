@@ -123,13 +123,20 @@ def _history_key_map(keys) -> Dict[str, str]:
 
 
 def keep_last_per_step(records: List[dict]) -> List[dict]:
-    """One record per step (the last one written), sorted by step; records without a step keep their order."""
+    """One record per step (the last one written), sorted by step; records without a step keep their order.
+
+    A partial line (``"partial": true``, written at a stop between log steps) is dropped when a later
+    line follows it: the trainer checkpoints the window in progress, so the next line after the
+    resume averages those steps again. A partial line at the end of a log (a run stopped for good) stays.
+    """
     if not records or any(_number(r.get("step")) is None for r in records):
         return records
     by_step: Dict[float, dict] = {}
     for record in records:
         by_step[_number(record["step"])] = record
-    return [by_step[step] for step in sorted(by_step)]
+    ordered = [by_step[step] for step in sorted(by_step)]
+    return [record for index, record in enumerate(ordered)
+            if not (record.get("partial") is True and index < len(ordered) - 1)]
 
 
 def _find_history(directory: Path) -> Optional[Path]:

@@ -1,16 +1,15 @@
-"""Run runs of the precision study side by side on one GPU and collect their results.
+"""Run a study (arms x seeds x sizes, one YAML file) on one GPU, packed side by side, resumable.
 
-    python scripts/run_study.py --runs bf16,fp8,nvfp4 --out results/study
-    python scripts/run_study.py --runs nvfp4 --out /tmp/probe --set train.steps=60     # a throughput probe
+    python scripts/run_study.py --study results/study/study.yaml                      # every run not yet completed
+    python scripts/run_study.py --study results/study/study.yaml --only '9m/*/seed1' --parallel 4 --deadline 540
+    python scripts/run_study.py --study results/study/study.yaml --only 9m/nvfp4/seed0 --set train.steps=60 --force
+    python scripts/run_study.py --study results/study/study.yaml --list
 
-The runs are defined in results/study/runs.yaml (experiment + overrides each). The corpus is
-prepared once first (scripts/prepare_data.py, all cores), then every selected run starts as
-its own `python -m trainer` process at the same time: a model this small leaves most of an
-H200 idle, so several processes raise the aggregate tokens/s (docs/study.md has the
-measurement). Each run writes into <out>/<run>/: metrics.jsonl, events.jsonl,
-precision_plan.txt, config.yaml (the resolved config), train.log, and run.json (command,
-wall time, what ran beside it, the GPU and versions). A run that exists there with a
-run.json whose exit code is 0 is not run again unless --force. The work: reports/study.py.
+The study file's format: reports/study_definition.py. Results go beside it, one folder per run
+(<size>/<arm>/seed<k>/: metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml, train.log,
+run.json with the source commit and the corpus hash). A completed run is not run again unless
+--force; a run stopped at --deadline checkpoints, and the same command with the same --work resumes
+it. What the runner does: reports/study_runner.py.
 """
 
 from __future__ import annotations
@@ -18,31 +17,39 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reports.study import RESULTS, load_study, run_study
+from reports.study_definition import load_study
+from reports.study_runner import completed, run_study
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", required=True, help="comma-separated run names of results/study/runs.yaml, or 'all'")
-    parser.add_argument("--out", default=str(RESULTS), help="results root (one folder per run)")
-    parser.add_argument("--work", default="/tmp/study_runs", help="where the runs write while training")
+    parser.add_argument("--study", required=True, help="the study's YAML file")
+    parser.add_argument("--only", nargs="*", default=[], help="run ids or shell patterns (9m/nvfp4/seed0, '9m/*/seed1')")
+    parser.add_argument("--list", action="store_true", help="print the selected runs and whether each is done")
+    parser.add_argument("--parallel", type=int, default=4, help="runs side by side on the GPU")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds: start no run that would not finish by then (guessed from finished runs), "
+                             "and send SIGTERM to those still going (they checkpoint; run again to resume)")
+    parser.add_argument("--work", default="/tmp/study_runs", help="where the runs write (and resume from)")
     parser.add_argument("--prepared-dir", default="/tmp/study_data", help="data.prepared_dir shared by the runs")
+    parser.add_argument("--data-config", default="study", help="the configs/data entry the corpus is prepared from")
     parser.add_argument("--set", nargs="*", default=[], help="extra trainer overrides for every run (probes)")
     parser.add_argument("--skip-steps", type=int, default=50, help="steps left out of the tokens/s median")
-    parser.add_argument("--force", action="store_true", help="run again even where results exist")
-    parser.add_argument("--stop-after", type=float, default=None,
-                        help="seconds after which every run gets SIGTERM: it checkpoints and exits (a later call "
-                             "with the same --work resumes it)")
-    parser.add_argument("--fresh", action="store_true", help="delete the runs' work directories first (no resume)")
+    parser.add_argument("--force", action="store_true", help="run again even where a completed run exists")
     arguments = parser.parse_args(argv)
-
-    names = list(load_study()["runs"]) if arguments.runs == "all" else arguments.runs.split(",")
     try:
-        return run_study(names, arguments.out, arguments.work, arguments.prepared_dir, arguments.set,
-                         skip_steps=arguments.skip_steps, force=arguments.force, stop_after=arguments.stop_after,
-                         fresh=arguments.fresh)
-    except ValueError as error:  # an unknown run name, before any work
+        study = load_study(arguments.study)
+        runs = study.select(arguments.only)
+    except ValueError as error:
         raise SystemExit(str(error)) from None
+    if arguments.list:
+        for run in runs:
+            done = "done" if completed(study.results / run.id) else "todo"
+            print(f"{done}  {run.id:32s} python -m trainer {' '.join(run.trainer_arguments())}")
+        return 0
+    return run_study(study, runs, work=arguments.work, prepared_dir=arguments.prepared_dir,
+                     parallel=arguments.parallel, deadline_s=arguments.deadline, extra=arguments.set,
+                     force=arguments.force, skip_steps=arguments.skip_steps, data_config=arguments.data_config)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@
 - `Evaluator`: validation loss every train.eval_every steps and at the last step.
 - `StepLog`: the metrics.jsonl line every logging.log_every steps (and at the last one); its loss
   is the mean over the steps since the previous line, and a stop between log steps (preemption,
-  NaN halt) flushes the partial window, so no step's loss goes unlogged.
+  NaN halt) flushes the partial window, so no step's loss goes unlogged. The window itself
+  (`LogWindow`) is checkpointed, so the first line after a resume averages the same steps as an
+  uninterrupted run's line would.
 """
 
 from __future__ import annotations
@@ -105,33 +107,67 @@ def evaluate(model, batches, autocast, device: torch.device) -> float:
     return all_reduce_mean(total / max(len(batches), 1)).item()
 
 
+class LogWindow:
+    """The finite losses and the step count since the last metrics line: checkpointed state.
+
+    Saved with every checkpoint, so a resumed run continues the window it stopped in and its
+    next regular line covers log_every steps, exactly as without the stop.
+    """
+
+    def __init__(self):
+        self.losses: list[float] = []  # finite losses of the window
+        self.steps = 0  # steps in the window, finite or not
+
+    def add(self, loss: float) -> None:
+        if math.isfinite(loss):
+            self.losses.append(loss)
+        self.steps += 1
+
+    def take(self) -> tuple[float, int]:
+        """(mean finite loss, steps) of the window, which starts anew."""
+        mean = sum(self.losses) / len(self.losses) if self.losses else float("nan")
+        steps = self.steps
+        self.losses, self.steps = [], 0
+        return mean, steps
+
+    def peek(self) -> tuple[float, int]:
+        """(mean finite loss, steps) of the window so far, which goes on."""
+        return (sum(self.losses) / len(self.losses) if self.losses else float("nan")), self.steps
+
+    def state_dict(self) -> dict:
+        return {"losses": list(self.losses), "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:  # {} from a checkpoint written before the window was saved
+        self.losses, self.steps = [float(x) for x in state.get("losses", [])], int(state.get("steps", 0))
+
+
 class StepLog:
     """Decides when a metrics.jsonl line is written and what its window averages.
 
     A line at step s (every log_every steps and at the last step) carries the mean loss of the
     finite steps since the previous line; `window_steps` is added when that window is not
-    log_every steps (the first line after a resume, the last line, a partial line). At a stop
-    between log steps, `flush_partial` writes the window so far with "partial": true. A step where
-    only evaluation is due writes that step's own loss with val_loss (the window goes on).
+    log_every steps (the last line, a partial line). At a stop between log steps, `flush_partial`
+    writes the window so far with "partial": true and keeps it: the checkpoint saved next holds it,
+    and after a resume the next regular line averages the whole window again (readers drop a
+    partial line that a later line covers: reports.compare_runs). A step where only evaluation is
+    due writes that step's own loss with val_loss (the window goes on).
     """
 
     def __init__(self, logger: MetricsLogger, evaluator: Evaluator, log_every: int, device: torch.device,
-                 world_size: int, flops_per_token: float, peak_flops: float | None):
+                 world_size: int, flops_per_token: float, peak_flops: float | None,
+                 window: LogWindow | None = None):
         self.logger, self.evaluator, self.log_every = logger, evaluator, log_every
         self.device, self.world_size = device, world_size
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.throughput = Throughput(device)
-        self._losses: list[float] = []  # finite losses of the window
-        self._steps = 0  # steps in the window, finite or not
+        self.window = window if window is not None else LogWindow()
         self._last: dict = {}
 
     def observe(self, *, tokens: int, loss: float, lr: float, grad_norm: float, skipped_steps: int,
                 tokens_per_step: int) -> None:
         """Every step, once its update is done."""
         self.throughput.add(tokens_per_step)
-        if math.isfinite(loss):
-            self._losses.append(loss)
-        self._steps += 1
+        self.window.add(loss)
         self._last = {"tokens": tokens, "loss": loss, "lr": lr, "grad_norm": grad_norm, "skipped_steps": skipped_steps}
         self.logger.advance()
 
@@ -149,15 +185,16 @@ class StepLog:
 
     def flush_partial(self, step: int) -> None:
         """At a stop (preemption, halt): the steps since the last line, so none goes unlogged."""
-        if self._steps:
-            self.logger.log(step, dict(self._window_line(), partial=True))
+        if self.window.steps and self._last:
+            self.logger.log(step, dict(self._window_line(keep=True), partial=True))
 
-    def _window_line(self) -> dict:
+    def _window_line(self, keep: bool = False) -> dict:
         speed = self.throughput.read()
         now = self._last
+        loss, steps = self.window.peek() if keep else self.window.take()
         metrics = {
             "tokens": now["tokens"],
-            "loss": sum(self._losses) / len(self._losses) if self._losses else float("nan"),
+            "loss": loss,
             "lr": now["lr"],
             "grad_norm": now["grad_norm"],
             "tokens_per_s": speed["tokens_per_s"],
@@ -167,7 +204,6 @@ class StepLog:
         }
         if self.device.type == "cuda":
             metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        if self._steps != self.log_every:
-            metrics["window_steps"] = self._steps
-        self._losses, self._steps = [], 0
+        if steps != self.log_every:
+            metrics["window_steps"] = steps
         return metrics

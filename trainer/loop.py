@@ -36,6 +36,7 @@ from trainer.components import (
     BatchSkipper,
     CheckpointedState,
     Evaluator,
+    LogWindow,
     StepLog,
     evaluate,
 )
@@ -106,8 +107,10 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback]) -> di
     state, precision = TrainState(), PrecisionRuntime(plan)
     guard = StepGuard(cfg.train.max_consecutive_skips, cfg.train.spike_factor)
     skipper = BatchSkipper(cfg.train.skip_batches, loader, cfg.train.global_batch_size, accumulation)
+    log_window = LogWindow()  # the metrics window in progress: a resume continues it
     trainer_state = CheckpointedState(
-        flat=[state, skipper], nested={"data": loader, "guard": guard, "precision": precision},
+        flat=[state, skipper],
+        nested={"data": loader, "guard": guard, "precision": precision, "log_window": log_window},
         records={"seed": cfg.seed,
                  "model_config": dataclasses.asdict(cfg.model),  # lets scripts/export_hf.py rebuild the model
                  "tokenizer": tokenizer.record})  # and export the tokenizer it was trained with (path, sha256)
@@ -127,7 +130,7 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback]) -> di
     step_log = StepLog(logger, Evaluator(model, validation, cfg.train.eval_every, autocast, env.device),
                        cfg.logging.log_every, env.device, env.world_size,
                        flops_per_token(cfg.model, cfg.data.seq_len),
-                       bf16_peak_flops(env.device) if env.device.type == "cuda" else None)
+                       bf16_peak_flops(env.device) if env.device.type == "cuda" else None, window=log_window)
     diagnostics = QuantDiagnostics(model, plan, cfg.logging.quant_diagnostics_every, logger, run_dir, env.is_main)
     callbacks = [precision, DiagnosticsCallback(diagnostics), *user_callbacks]
     run_micro_step = _graphed_micro_step(cfg, env, plan, model, autocast, accumulation, diagnostics, state, logger)

@@ -1,5 +1,6 @@
 """A stop between log steps (preemption, NaN halt) writes the steps since the last metrics line, so no
-step's loss goes unlogged; the first line after the resume averages only the steps since the resume.
+step's loss goes unlogged; the window is checkpointed, so the first line after the resume averages the
+same steps as an uninterrupted run's line (no seam in the log).
 Faults come from outside the product code: a signal to the process, a poisoned gradient."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from trainer_testing import ROOT, compose_train_config, read_jsonl, tiny_overrides
 
+from reports.compare_runs import keep_last_per_step
 from trainer.guards import NonFiniteHalt
 from trainer.loop import Callback, train
 
@@ -39,7 +41,7 @@ def _mean(values):
     return sum(values) / len(values)
 
 
-def test_preemption_flushes_the_partial_window_and_the_resume_logs_its_own(tmp_path, data_cache):
+def test_preemption_flushes_the_partial_window_and_the_resume_continues_it(tmp_path, data_cache):
     overrides = tiny_overrides(data_cache, steps=10) + ["logging.log_every=5"]
     first = train(compose_train_config(overrides, tmp_path), callbacks=[SigtermAfterStep(7)])
     assert first["status"] == "preempted" and first["step"] == 7
@@ -53,8 +55,17 @@ def test_preemption_flushes_the_partial_window_and_the_resume_logs_its_own(tmp_p
     assert lines[7]["partial"] is True and lines[7]["window_steps"] == 2  # steps 6-7, flushed at the stop
     assert lines[7]["loss"] == pytest.approx(_mean(first["losses"][5:7]))
     assert lines[7]["tokens"] == 7 * 4 * 64
-    assert "partial" not in lines[10] and lines[10]["window_steps"] == 3  # steps 8-10, after the resume
-    assert lines[10]["loss"] == pytest.approx(_mean(second["losses"]))
+    # steps 6-10: the window of the stop, restored from the checkpoint, and steps 8-10 after the resume
+    assert "partial" not in lines[10] and "window_steps" not in lines[10]
+    assert lines[10]["loss"] == pytest.approx(_mean(first["losses"][5:7] + second["losses"]))
+
+    uninterrupted = tmp_path / "uninterrupted"
+    train(compose_train_config(overrides, uninterrupted))
+    reference = {line["step"]: line for line in read_jsonl(uninterrupted / "metrics.jsonl")}
+    assert sorted(reference) == [5, 10]
+    # the same windows as the uninterrupted run (the CPU run is deterministic)
+    assert lines[10]["loss"] == pytest.approx(reference[10]["loss"], rel=1e-6)
+    assert [r["step"] for r in keep_last_per_step(read_jsonl(tmp_path / "metrics.jsonl"))] == [5, 10]
 
 
 def test_nan_halt_flushes_the_partial_window(tmp_path, data_cache):

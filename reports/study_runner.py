@@ -1,0 +1,266 @@
+"""Run a study's runs on one GPU, packed side by side, resumable; record what each ran on.
+
+A model of the study's size leaves most of an H200 idle, so several `python -m trainer`
+processes share it (docs/study.md has the aggregate tokens/s). The runner:
+
+1. prepares the corpus once into ``prepared_dir`` (scripts/prepare_data.py, all cores) and
+   hashes its manifests, so every run records which tokens it trained on;
+2. keeps up to ``parallel`` runs going, starting the next as one ends; a run is not started when
+   the deadline would cut it (its expected wall time, from finished runs of the same size and arm,
+   is longer than what is left);
+3. at the deadline sends every run SIGTERM: the trainer checkpoints and exits, and a later call
+   with the same ``work`` folder resumes it (the metrics window is checkpointed too: no seam);
+4. copies each run's metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml, train.log and a
+   run.json into ``<results>/<size>/<arm>/seed<k>/``.
+
+run.json: the run's id, size, arm, seed, status ("completed", "stopped", "failed"), the trainer
+command, exit code, wall time and calls (accumulated over resumed calls), what ran beside it in
+each call, the median tokens/s, the GPU and versions, the source commit (git's, or the
+STUDY_SOURCE_COMMIT / STUDY_SOURCE_DIRTY environment variables for a tree copied without its
+.git), and the prepared corpus's manifest hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from reports.study_definition import Study, StudyRun
+
+ROOT = Path(__file__).resolve().parents[1]
+KEPT_FILES = ("metrics.jsonl", "events.jsonl", "precision_plan.txt", "train.log", "run.json", "config.yaml")
+Echo = Callable[[str], None]
+
+
+def _print_now(line: str) -> None:
+    print(line, flush=True)
+
+
+# ---------------------------------------------------------------------------- what a run ran on
+def source_state(root: Path = ROOT) -> dict:
+    """{commit, dirty, from} of the source tree: git's, else the environment's (a copied tree)."""
+    from trainer.run_info import git_state
+
+    state = git_state(root)
+    if state is not None:
+        return {"commit": state["commit"], "dirty": state["dirty"], "from": "git"}
+    commit = os.environ.get("STUDY_SOURCE_COMMIT")
+    if commit:
+        return {"commit": commit, "dirty": os.environ.get("STUDY_SOURCE_DIRTY", "") not in ("", "0", "false"),
+                "from": "environment"}
+    return {"commit": None, "dirty": None, "from": "unknown"}
+
+
+def corpus_identity(prepared_dir: Path) -> dict:
+    """sha256 over the prepared corpus's manifests (each lists its shards' sha256), and its token counts."""
+    manifests = sorted(Path(prepared_dir).rglob("manifest.json"))
+    if not manifests:
+        return {"manifest_sha256": None}
+    digest, splits = hashlib.sha256(), {}
+    for manifest in manifests:
+        digest.update(str(manifest.relative_to(prepared_dir)).encode() + b"\0" + manifest.read_bytes())
+        for split, info in json.loads(manifest.read_text()).get("splits", {}).items():
+            if isinstance(info, dict) and "tokens" in info:
+                splits[split] = splits.get(split, 0) + int(info["tokens"])
+    return {"manifest_sha256": digest.hexdigest(), "tokens": splits}
+
+
+def machine_description() -> dict:
+    info = {"python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"], info["cuda"] = torch.cuda.get_device_name(), torch.version.cuda
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def tokens_per_second(metrics_path: Path, skip_steps: int) -> Optional[float]:
+    """Median tokens/s of the log lines after `skip_steps` (compilation and warm-up left out)."""
+    if not metrics_path.is_file():
+        return None
+    rates = [record["tokens_per_s"] for record in map(json.loads, metrics_path.read_text().splitlines())
+             if record.get("step", 0) > skip_steps and record.get("tokens_per_s")]
+    return statistics.median(rates) if rates else None
+
+
+def run_record(directory: Path) -> dict:
+    path = Path(directory) / "run.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def completed(directory: Path) -> bool:
+    """A completed run of the study itself (not a probe with extra overrides) has results here."""
+    record = run_record(directory)
+    return record.get("status") == "completed" and not record.get("probe_overrides")
+
+
+# ---------------------------------------------------------------------------------- running
+def prepare_corpus(prepared_dir: Path, data_config: str, echo: Echo) -> dict:
+    command = [sys.executable, str(ROOT / "scripts" / "prepare_data.py"), "--config", data_config,
+               f"prepared_dir={prepared_dir}", "num_proc=0"]
+    echo("+ " + shlex.join(command))
+    started = time.perf_counter()
+    subprocess.run(command, check=True, cwd=ROOT, env=_child_environment())
+    identity = corpus_identity(prepared_dir)
+    echo(f"corpus ready in {time.perf_counter() - started:.0f} s: manifest sha256 {identity['manifest_sha256']}")
+    return identity
+
+
+def _child_environment() -> dict:
+    """The environment of the runs: they import the packages this process imported."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+class _Running:
+    def __init__(self, run: StudyRun, process: subprocess.Popen, log, beside: set[str]):
+        self.run, self.process, self.log = run, process, log
+        self.started = time.perf_counter()
+        self.beside = set(beside)  # every run that shared the GPU with it in this call
+
+
+def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_dir: Path, parallel: int = 4,
+              deadline_s: Optional[float] = None, extra: Sequence[str] = (), force: bool = False,
+              skip_steps: int = 50, data_config: str = "study", echo: Optional[Echo] = None) -> int:
+    """Run ``runs`` (see the module docstring); 0 when every run that started completed."""
+    echo = echo or _print_now
+    work, results = Path(work), study.results
+    pending = [run for run in runs if force or not completed(results / run.id)]
+    for run in runs:
+        if run not in pending:
+            echo(f"{run.id}: completed in {results / run.id}, not run again (--force to redo)")
+    if not pending:
+        return 0
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
+
+    launched = time.perf_counter()
+    corpus = prepare_corpus(Path(prepared_dir), data_config, echo)
+    shared = [f"data.prepared_dir={prepared_dir}", "data.auto_prepare=false", "logging.wandb.mode=disabled", *extra]
+    source, machine = source_state(), machine_description()
+    expected = _expected_walls(results, pending)
+    queue, running, outcomes = list(pending), [], {}
+    stopping = False
+
+    def elapsed() -> float:
+        return time.perf_counter() - launched
+
+    while queue or running:
+        while queue and len(running) < parallel and not stopping:
+            run = queue[0]
+            left = None if deadline_s is None else deadline_s - elapsed()
+            guess = expected.get((run.size, run.arm))
+            if left is not None and guess is not None and guess > left:
+                echo(f"{run.id}: not started, {left:.0f} s left and it takes about {guess:.0f} s")
+                queue.pop(0)
+                continue
+            queue.pop(0)
+            running.append(_start(run, work, shared, {r.run.id for r in running}, force, echo))
+            for other in running[:-1]:
+                other.beside.add(run.id)
+        for entry in list(running):
+            if entry.process.poll() is not None:
+                running.remove(entry)
+                wall = time.perf_counter() - entry.started
+                entry.log.close()
+                outcomes[entry.run.id] = _collect(study, entry, wall, results, work, extra, skip_steps,
+                                                  source, corpus, machine)
+                if outcomes[entry.run.id]["status"] == "completed":
+                    key = (entry.run.size, entry.run.arm)
+                    expected[key] = max(expected.get(key, 0.0), wall)
+                _echo_outcome(entry.run, outcomes[entry.run.id], echo)
+        if deadline_s is not None and not stopping and elapsed() > deadline_s and running:
+            echo(f"deadline of {deadline_s:.0f} s: SIGTERM to {len(running)} run(s) (they checkpoint)")
+            for entry in running:
+                entry.process.send_signal(signal.SIGTERM)
+            stopping = True
+        time.sleep(1)
+
+    total = sum(o.get("tokens_per_s_median") or 0.0 for o in outcomes.values())
+    echo(f"{len(outcomes)} run(s) in {elapsed():.0f} s; sum of median tokens/s: {total:,.0f}")
+    return 0 if all(o["status"] == "completed" for o in outcomes.values()) else 1
+
+
+def _expected_walls(results: Path, runs: Sequence[StudyRun]) -> dict:
+    """(size, arm) -> the longest single-call wall time of a completed run on record (a guess for the deadline)."""
+    expected = {}
+    for run in runs:
+        for seed_dir in (results / run.size / run.arm).glob("seed*"):
+            record = run_record(seed_dir)
+            if record.get("status") == "completed" and record.get("calls") == 1:
+                key = (run.size, run.arm)
+                expected[key] = max(expected.get(key, 0.0), float(record["wall_s"]))
+    return expected
+
+
+def _start(run: StudyRun, work: Path, shared: Sequence[str], beside: set[str], force: bool, echo: Echo) -> _Running:
+    run_dir = work / run.id
+    if force and run_dir.exists() and not run_record(run_dir).get("status") == "stopped":
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)  # a checkpoint left there by a deadline is resumed
+    command = [sys.executable, "-m", "trainer", *run.trainer_arguments(), *shared,
+               f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
+    echo(f"{run.id}: {shlex.join(command[1:])}")
+    log = open(run_dir / "train.log", "a")
+    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=_child_environment())
+    return _Running(run, process, log, beside)
+
+
+def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Path, extra: Sequence[str],
+             skip_steps: int, source: dict, corpus: dict, machine: dict) -> dict:
+    """Write the run's run.json (accumulated over calls) and copy its files into the results."""
+    run, run_dir = entry.run, work / entry.run.id
+    hydra_config = run_dir / ".hydra" / "config.yaml"
+    if not (run_dir / "config.yaml").is_file() and hydra_config.is_file():
+        shutil.copy(hydra_config, run_dir / "config.yaml")
+    lines = (run_dir / "train.log").read_text().rstrip().splitlines()  # accumulates over calls
+    preempted = bool(lines) and "preempted at step" in lines[-1]
+    code = entry.process.returncode
+    previous = run_record(run_dir)
+    record = {
+        "run": run.id, "size": run.size, "arm": run.arm, "seed": run.seed, "study": study.name,
+        "status": "stopped" if preempted else ("completed" if code == 0 else "failed"),
+        "about": run.about,
+        "command": "python -m trainer " + shlex.join(run.trainer_arguments()),
+        "probe_overrides": list(extra),
+        "exit_code": code,
+        "wall_s": round(wall + previous.get("wall_s", 0.0), 1),
+        "calls": previous.get("calls", 0) + 1,
+        "side_by_side_per_call": previous.get("side_by_side_per_call", []) + [sorted(entry.beside)],
+        "tokens_per_s_median": tokens_per_second(run_dir / "metrics.jsonl", skip_steps),
+        "source": source,
+        "sources_per_call": previous.get("sources_per_call", []) + [source],
+        "corpus": corpus,
+        "system": machine,
+    }
+    (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")
+    target = results / run.id
+    target.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_FILES:
+        if (run_dir / name).is_file():
+            shutil.copy(run_dir / name, target / name)
+    return record
+
+
+def _echo_outcome(run: StudyRun, record: dict, echo: Echo) -> None:
+    echo(f"{run.id}: {record['status']} (exit {record['exit_code']}) after {record['wall_s']:.0f} s, "
+         f"median {record['tokens_per_s_median'] or 0:,.0f} tokens/s")
