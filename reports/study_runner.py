@@ -15,9 +15,9 @@ processes share it (docs/study.md has the aggregate tokens/s). The runner:
 
 run.json: the run's id, size, arm, seed, status ("completed", "stopped", "failed"), the trainer
 command, exit code, wall time and calls (accumulated over resumed calls), what ran beside it in
-each call, the median tokens/s, the GPU and versions, the source commit (git's, or the
-STUDY_SOURCE_COMMIT / STUDY_SOURCE_DIRTY environment variables for a tree copied without its
-.git), and the prepared corpus's manifest hash.
+each call, the median tokens/s, the GPU and versions, the source commit of each call (the
+STUDY_SOURCE_COMMIT / STUDY_SOURCE_DIRTY environment variables of a copied tree, else git's), and
+the prepared corpus's manifest hash.
 """
 
 from __future__ import annotations
@@ -49,16 +49,21 @@ def _print_now(line: str) -> None:
 
 # ---------------------------------------------------------------------------- what a run ran on
 def source_state(root: Path = ROOT) -> dict:
-    """{commit, dirty, from} of the source tree: git's, else the environment's (a copied tree)."""
+    """{commit, dirty, from} of the source tree.
+
+    STUDY_SOURCE_COMMIT (and STUDY_SOURCE_DIRTY=1 for uncommitted changes), set by whoever copied
+    the tree to the machine, wins over git: a synced copy can carry a stale .git whose HEAD is not
+    the code that runs. Otherwise git's own state; "unknown" outside a work tree.
+    """
     from trainer.run_info import git_state
 
-    state = git_state(root)
-    if state is not None:
-        return {"commit": state["commit"], "dirty": state["dirty"], "from": "git"}
     commit = os.environ.get("STUDY_SOURCE_COMMIT")
     if commit:
         return {"commit": commit, "dirty": os.environ.get("STUDY_SOURCE_DIRTY", "") not in ("", "0", "false"),
                 "from": "environment"}
+    state = git_state(root)
+    if state is not None:
+        return {"commit": state["commit"], "dirty": state["dirty"], "from": "git"}
     return {"commit": None, "dirty": None, "from": "unknown"}
 
 
