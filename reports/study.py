@@ -1,340 +1,322 @@
-"""The precision study (docs/study.md): run its runs side by side, then tabulate and plot the results.
+"""A study's report from its committed results alone (no GPU): tables with 95% CIs, figures, the doc.
 
-The runs are defined in results/study/runs.yaml (experiment + overrides each); the results live
-beside it, one folder per run. Both are the checkout's (results/ is not installed with the
-packages), so these tools run from a checkout.
+Reads the study file (reports/study_definition.py) and every completed run under its folder
+(<size>/<arm>/seed<k>/ with metrics.jsonl, config.yaml, run.json), then writes:
+- per size, the arms table: seeds, final validation loss (mean +- sd over seeds), and the gap to the
+  reference paired by seed on the final and on the late (last 30%) validation loss, each with its
+  95% t interval and a verdict (worse / better / not resolved at this size);
+- per size, the differences between arms the study file lists (`comparisons`), in percentage
+  points, paired by seed, with intervals;
+- per size and arm, the growth of the gap once the learning rate decays (decay-phase minus
+  stable-phase mean gap, paired by seed, with its interval);
+- across sizes (when there is more than one), the gap against parameters;
+- which code and which corpus the runs trained on (commits and manifest hashes from run.json);
+- figures: per size and `figures` entry, validation loss (mean over seeds) and the paired gap in %
+  with its 95% band, against tokens; across sizes, the final gap against parameters.
 
-Running (`run_study`, scripts/run_study.py): the corpus is prepared once first
-(scripts/prepare_data.py, all cores), then every selected run starts as its own
-`python -m trainer` process at the same time: a model this small leaves most of an H200 idle,
-so several processes raise the aggregate tokens/s (docs/study.md has the measurement). Each
-run writes into <out>/<run>/: metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml
-(the resolved config), train.log, and run.json (command, wall time, what ran beside it, the GPU
-and versions). A run that exists there with a run.json whose exit code is 0 is not run again
-unless forced.
-
-Reporting (`study_table`, `study_plots`, `write_table`; scripts/study_report.py), from the
-committed results alone (no GPU). Per completed run:
-- final train loss: the mean of the logged training loss over the last 5% of steps (each log
-  line is the mean of its log interval, so this is the mean over those steps);
-- final validation loss: the last val_loss (the same fixed validation batches for every run);
-- gap: (run - reference) / reference of the final validation loss, in %;
-- beyond noise: whether |gap| exceeds the noise run's |gap| (the reference with another seed).
-The plots are reports.compare_runs figures with the noise band: the main comparison (BF16,
-FP8, NVFP4, the late switch) and the NVFP4 ablations.
+The arithmetic: reports/study_stats.py. `write_doc` replaces the text between the
+`<!-- study-NAME:begin -->` / `<!-- study-NAME:end -->` markers of a Markdown file.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import shlex
-import shutil
-import signal
-import statistics
-import subprocess
-import sys
-import time
+import dataclasses
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
-import yaml
-
-from reports.compare_runs import compare_runs, finite, keep_last_per_step, read_jsonl
+from reports.study_definition import Study, load_study
+from reports.study_runner import run_record
+from reports.study_stats import (
+    Interval,
+    RunSummary,
+    decay_growth_interval,
+    difference_interval,
+    gap_curve,
+    gap_interval,
+    loss_curve,
+    summarize_run,
+    t_interval,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-"""The checkout: the study's definition and results, the scripts."""
-RESULTS = ROOT / "results" / "study"
-RUNS_FILE = RESULTS / "runs.yaml"
-KEPT_FILES = ("metrics.jsonl", "events.jsonl", "precision_plan.txt", "train.log", "run.json", "config.yaml")
-TABLE_BEGIN, TABLE_END = "<!-- study-table:begin -->", "<!-- study-table:end -->"
-MAIN_RUNS = ("fp8", "nvfp4", "nvfp4_late_bf16")
-ABLATION_RUNS = ("nvfp4", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_no_2d", "nvfp4_all_layers", "mxfp4")
+STUDY_FILE = ROOT / "results" / "study" / "study.yaml"
 
 
-def load_study(path: Path = RUNS_FILE) -> dict:
-    """The study definition: {'reference', 'noise_floor', 'runs': {name: {experiment, overrides, about}}}."""
-    return yaml.safe_load(Path(path).read_text())
+@dataclasses.dataclass
+class StudyResults:
+    """The completed runs of a study: summaries[size][arm][seed] and their run.json records."""
+
+    study: Study
+    summaries: dict
+    records: dict
+
+    def arms(self, size: str) -> list[str]:
+        """The arms of ``size`` with at least one completed run, in the study file's order."""
+        return [arm for arm in self.study.arms if self.summaries.get(size, {}).get(arm)]
+
+    def sizes(self) -> list[str]:
+        return [size for size in self.study.sizes if self.summaries.get(size)]
 
 
-# ------------------------------------------------------------------------------------ running
-def run_command(study: dict, name: str, extra: Sequence[str]) -> list[str]:
-    """The trainer command line of one run (without the run directory)."""
-    if name not in study["runs"]:
-        raise ValueError(f"unknown study run {name!r}; runs: {', '.join(study['runs'])}")
-    run = study["runs"][name]
-    return [sys.executable, "-m", "trainer", f"+experiment={run['experiment']}", *run["overrides"], *extra]
+def collect(study: Study) -> StudyResults:
+    """Every completed run of the study under its results folder."""
+    summaries: dict = {}
+    records: dict = {}
+    for run in study.runs():
+        directory = study.results / run.id
+        record = run_record(directory)
+        if record.get("status") != "completed" or record.get("probe_overrides"):
+            continue
+        summaries.setdefault(run.size, {}).setdefault(run.arm, {})[run.seed] = summarize_run(directory)
+        records[run.id] = record
+    return StudyResults(study, summaries, records)
 
 
-def command_for_docs(study: dict, name: str) -> list[str]:
-    run = study["runs"][name]
-    return [f"+experiment={run['experiment']}", *run["overrides"]]
+# ---------------------------------------------------------------------------------- tables
+def _loss_cell(runs: dict[int, RunSummary]) -> str:
+    interval = t_interval([run.final_val for run in runs.values()])
+    return f"{interval.mean:.4f}" if interval.n < 2 else f"{interval.mean:.4f} +- {interval.sd:.4f}"
 
 
-def gpu_description() -> dict:
-    try:
-        import torch
-
-        info = {"torch": torch.__version__}
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name()
-            info["cuda"] = torch.version.cuda
-        try:
-            import triton
-
-            info["triton"] = triton.__version__
-        except ImportError:
-            pass
-        return info
-    except ImportError:
-        return {}
+def _verdict(final: Optional[Interval], late: Optional[Interval]) -> str:
+    if final is None or late is None:
+        return ""
+    if final.n < 2:
+        return "one seed"
+    verdicts = {final.verdict(), late.verdict()}
+    return verdicts.pop() if len(verdicts) == 1 else f"final: {final.verdict()}; late: {late.verdict()}"
 
 
-def tokens_per_second(metrics_path: Path, skip_steps: int) -> float | None:
-    """Median tokens/s of the log lines after `skip_steps` (compilation and warm-up left out)."""
-    if not metrics_path.is_file():
-        return None
-    rates = []
-    for line in metrics_path.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("step", 0) > skip_steps and record.get("tokens_per_s"):
-            rates.append(record["tokens_per_s"])
-    return statistics.median(rates) if rates else None
-
-
-def finished(directory: Path) -> bool:
-    """A completed run of the study itself (not a probe with extra overrides) has results here."""
-    path = directory / "run.json"
-    if not path.is_file():
-        return False
-    record = json.loads(path.read_text())
-    return record.get("status") == "completed" and not record.get("probe_overrides")
-
-
-def last_metrics(path: Path) -> dict:
-    """The latest value of every key of a metrics.jsonl (empty when there is none)."""
-    if not path.is_file():
-        return {}
-    last: dict = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        last.update({key: value for key, value in record.items() if value is not None})
-    return last
-
-
-def _print_now(line: str) -> None:
-    print(line, flush=True)
-
-
-def _child_environment() -> dict:
-    """The environment of the study's processes: they import the packages this process imported."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return env
-
-
-def prepare_corpus(prepared_dir: str, echo: Optional[Callable[[str], None]] = None) -> None:
-    """The study's corpus (configs/data/study.yaml) into ``prepared_dir``, with all cores."""
-    echo = echo or _print_now
-    command = [sys.executable, str(ROOT / "scripts" / "prepare_data.py"), "--config", "study",
-               f"prepared_dir={prepared_dir}", "num_proc=0"]
-    echo("+ " + shlex.join(command))
-    started = time.perf_counter()
-    subprocess.run(command, check=True, cwd=ROOT, env=_child_environment())
-    echo(f"corpus ready in {time.perf_counter() - started:.0f} s")
-
-
-def run_study(names: Sequence[str], out: Path, work: Path, prepared_dir: str, extra: Sequence[str] = (),
-              skip_steps: int = 50, force: bool = False, stop_after: Optional[float] = None, fresh: bool = False,
-              echo: Optional[Callable[[str], None]] = None) -> int:
-    """Run the named runs side by side (see the module docstring); 0 when every run ended with status 0."""
-    echo = echo or _print_now
-    study = load_study()
-    out, work = Path(out), Path(work)
-    pending = [name for name in names if force or not finished(out / name)]
-    for name in sorted(set(names) - set(pending)):
-        echo(f"{name}: results exist in {out / name}, not run again (--force to redo)")
-    if not pending:
-        return 0
-    for name in pending:
-        run_command(study, name, [])  # unknown names fail before any work
-
-    prepare_corpus(prepared_dir, echo)
-    shared = [f"data.prepared_dir={prepared_dir}", "data.auto_prepare=false", "logging.wandb.mode=disabled", *extra]
-    processes = {}
-    for name in pending:
-        run_dir = work / name
-        if fresh:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True, exist_ok=True)  # a checkpoint left there by stop_after is resumed
-        command = run_command(study, name, [*shared, f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"])
-        log = open(run_dir / "train.log", "a")
-        echo(f"{name}: {shlex.join(command[1:])}")
-        processes[name] = (subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                            env=_child_environment()),
-                           time.perf_counter(), command, log)
-    exit_codes, walls = {}, {}
-    launched, stopped = time.perf_counter(), False
-    while len(exit_codes) < len(processes):  # poll, so that each run's own end time is its wall time
-        for name, (process, started, command, log) in processes.items():
-            if name not in exit_codes and process.poll() is not None:
-                exit_codes[name], walls[name] = process.returncode, time.perf_counter() - started
-                log.close()
-        if stop_after is not None and not stopped and time.perf_counter() - launched > stop_after:
-            echo(f"stopping after {stop_after:.0f} s: SIGTERM to every run (they checkpoint)")
-            for name, (process, *_) in processes.items():
-                if name not in exit_codes:
-                    process.send_signal(signal.SIGTERM)
-            stopped = True
-        time.sleep(1)
-
-    system = {"python": platform.python_version(), **gpu_description()}
-    echo(f"\n{'run':18s} {'end':>4s} {'wall s':>7s} {'tokens/s':>10s} {'final loss':>10s} {'val loss':>9s}")
-    total_rate = 0.0
-    for name in pending:
-        run_dir, target = work / name, out / name
-        rate = tokens_per_second(run_dir / "metrics.jsonl", skip_steps)
-        total_rate += rate or 0.0
-        record = _record_run(study, name, run_dir, exit_codes[name], walls[name], rate, list(extra),
-                             [other for other in pending if other != name], system)
-        target.mkdir(parents=True, exist_ok=True)
-        for file in KEPT_FILES:
-            if (run_dir / file).is_file():
-                shutil.copy(run_dir / file, target / file)
-        last = last_metrics(run_dir / "metrics.jsonl")
-        echo(f"{name:18s} {record['status'][:4]:>4s} {walls[name]:>7.0f} {rate or 0:>10,.0f} "
-             f"{last.get('loss', float('nan')):>10.4f} {last.get('val_loss', float('nan')):>9.4f}")
-    echo(f"aggregate tokens/s of {len(pending)} runs side by side: {total_rate:,.0f}")
-    return 0 if all(code == 0 for code in exit_codes.values()) else 1
-
-
-def _record_run(study: dict, name: str, run_dir: Path, exit_code: int, wall: float, rate: Optional[float],
-                probe_overrides: list, beside: list, system: dict) -> dict:
-    """Write <run_dir>/run.json for this call (wall time and calls accumulate over resumed calls)."""
-    hydra_config = run_dir / ".hydra" / "config.yaml"
-    if not (run_dir / "config.yaml").is_file() and hydra_config.is_file():
-        shutil.copy(hydra_config, run_dir / "config.yaml")
-    # train.log accumulates over calls: only its last line says how this call's part ended
-    last_lines = (run_dir / "train.log").read_text().rstrip().splitlines()
-    preempted = bool(last_lines) and "preempted at step" in last_lines[-1]
-    previous = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
-    record = {
-        "run": name,
-        "status": "stopped" if preempted else ("completed" if exit_code == 0 else "failed"),
-        "about": study["runs"][name].get("about", ""),
-        "command": "python -m trainer " + shlex.join(command_for_docs(study, name)),
-        "probe_overrides": probe_overrides,
-        "exit_code": exit_code,
-        "wall_s": round(wall + previous.get("wall_s", 0.0), 1),
-        "calls": previous.get("calls", 0) + 1,
-        "side_by_side_with": sorted(set(previous.get("side_by_side_with", [])) | set(beside)),
-        "side_by_side_per_call": previous.get("side_by_side_per_call", []) + [beside],
-        "tokens_per_s_median": rate,
-        "system": system,
-    }
-    (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")
-    return record
-
-
-# ------------------------------------------------------------------------------------ reporting
-def completed_runs(study: dict, results: Path = RESULTS) -> dict[str, Path]:
-    found = {}
-    for name in study["runs"]:
-        directory = results / name
-        run_file = directory / "run.json"
-        if run_file.is_file() and json.loads(run_file.read_text()).get("status") == "completed":
-            found[name] = directory
-    return found
-
-
-def summarize(directory: Path) -> dict:
-    from models.config import ModelConfig
-    from models.flops import count_parameters
-
-    records = keep_last_per_step(read_jsonl(directory / "metrics.jsonl"))
-    config = yaml.safe_load((directory / "config.yaml").read_text())
-    steps = config["train"]["steps"]
-    tail = [r["loss"] for r in records if r["step"] > 0.95 * steps and finite(r.get("loss"))]
-    validation = [r for r in records if finite(r.get("val_loss"))]
-    run = json.loads((directory / "run.json").read_text())
-    return {
-        "parameters": count_parameters(ModelConfig(**config["model"])),
-        "tokens": records[-1]["tokens"],
-        "steps": records[-1]["step"],
-        "wall_minutes": run["wall_s"] / 60,
-        # training time: each log line's step time x the steps it covers (start-up and compilation left out)
-        "train_minutes": sum(r["step_time_s"] * (r["step"] - previous["step"]) for previous, r in zip(
-            [{"step": 0}] + records[:-1], records) if finite(r.get("step_time_s"))) / 60,
-        "final_train_loss": sum(tail) / len(tail),
-        "final_val_loss": validation[-1]["val_loss"],
-        "command": run["command"],
-        "about": run.get("about", ""),
-    }
-
-
-def table(study: dict, summaries: dict[str, dict]) -> str:
-    reference = summaries[study["reference"]]
-    noise = summaries.get(study["noise_floor"])
-    noise_gap = abs(noise["final_val_loss"] / reference["final_val_loss"] - 1) if noise else None
-    corpus_tokens = study.get("corpus", {}).get("train_tokens")
-    lines = [
-        "| run | parameters | tokens | epochs | train min (GPU shared) | final train loss | final val loss | gap to BF16 | beyond seed noise |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, summary in summaries.items():
-        gap = summary["final_val_loss"] / reference["final_val_loss"] - 1
-        if name == study["reference"]:
-            verdict = "(reference)"
-        elif name == study["noise_floor"]:
-            verdict = "(the noise floor)"
+def arms_table(results: StudyResults, size: str) -> str:
+    study, runs = results.study, results.summaries[size]
+    reference = runs.get(study.reference, {})
+    corpus_tokens = _corpus_tokens(results, size)
+    lines = ["| arm | seeds | parameters | tokens | epochs | final val loss (mean +- sd) | "
+             f"gap to {study.reference}, final val | gap, last-30% val | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arm in results.arms(size):
+        arm_runs = runs[arm]
+        first = next(iter(arm_runs.values()))
+        epochs = f"{first.tokens / corpus_tokens:.2f}" if corpus_tokens else "?"
+        if arm == study.reference:
+            gap_cells, verdict = "(reference)", "(reference)"
+            cells = f"{gap_cells} | {gap_cells}"
         else:
-            verdict = "n/a" if noise_gap is None else ("yes" if abs(gap) > noise_gap else "no")
-        epochs = f"{summary['tokens'] / corpus_tokens:.2f}" if corpus_tokens else "?"
-        lines.append(
-            f"| {name} | {summary['parameters'] / 1e6:.2f}M | {summary['tokens'] / 1e6:.2f}M | {epochs} | "
-            f"{summary['train_minutes']:.1f} | {summary['final_train_loss']:.4f} | {summary['final_val_loss']:.4f} | "
-            f"{100 * gap:+.2f}% | {verdict} |"
-        )
-    missing = [name for name in study["runs"] if name not in summaries]
+            final, late = gap_interval(arm_runs, reference, "final"), gap_interval(arm_runs, reference, "late")
+            cells = f"{final.format(unit='%') if final else 'no paired seed'} | {late.format(unit='%') if late else ''}"
+            verdict = _verdict(final, late)
+        lines.append(f"| {arm} | {', '.join(map(str, sorted(arm_runs)))} | {first.parameters / 1e6:.2f}M | "
+                     f"{first.tokens / 1e6:.2f}M | {epochs} | {_loss_cell(arm_runs)} | {cells} | {verdict} |")
+    missing = [arm for arm in study.arms if arm not in results.arms(size) and _size_has_arm(study, size, arm)]
     if missing:
-        lines.append("")
-        lines.append(f"Not run yet: {', '.join(missing)}.")
+        lines += ["", f"Not run yet at this size: {', '.join(missing)}."]
     return "\n".join(lines)
 
 
-def plots(study: dict, found: dict[str, Path], images: Path) -> list[Path]:
-    reference, noise = study["reference"], study["noise_floor"]
-    written = []
-    for name, members, title in (
-        ("study_main.png", MAIN_RUNS, "BF16 vs FP8 vs NVFP4 (emulated), 9.2M-parameter hybrid"),
-        ("study_ablations.png", ABLATION_RUNS, "NVFP4 recipe ablations vs BF16"),
-    ):
-        present = [run for run in members if run in found]
-        if reference not in found or not [run for run in present if run != "nvfp4"]:
-            continue  # the ablation figure waits for an ablation (nvfp4 alone is in the main figure)
-        compare_runs([found[reference], *(found[run] for run in present)], val=True, smoothing="ema:0.8",
-                     out=images / name, title=title, noise=found[noise] if noise in found else None)
-        written.append(images / name)
+def differences_table(results: StudyResults, size: str) -> str:
+    study, runs = results.study, results.summaries[size]
+    reference = runs.get(study.reference, {})
+    lines = ["| difference (percentage points of the reference's loss) | seeds | final val | last-30% val | verdict |",
+             "|---|---|---|---|---|"]
+    for first, second in study.comparisons:
+        if first not in runs or second not in runs:
+            continue
+        final = difference_interval(runs[first], runs[second], reference, "final")
+        late = difference_interval(runs[first], runs[second], reference, "late")
+        if final is None:
+            continue
+        seeds = sorted(set(runs[first]) & set(runs[second]) & set(reference))
+        verdict = _verdict(final, late).replace("worse", f"{first} worse").replace("better", f"{first} better")
+        lines.append(f"| {first} - {second} | {', '.join(map(str, seeds))} | {final.format(unit=' pts')} | "
+                     f"{late.format(unit=' pts')} | {verdict} |")
+    return "\n".join(lines) if len(lines) > 2 else "No pair of the study's comparisons has results at this size yet."
+
+
+def phases_table(results: StudyResults, size: str) -> str:
+    """Per arm: does its gap grow once the learning rate decays? (decay-phase minus stable-phase mean gap)"""
+    study, runs = results.study, results.summaries[size]
+    reference = runs.get(study.reference, {})
+    lines = [f"| arm | seeds | gap growth in the decay phase (percentage points) | verdict |", "|---|---|---|---|"]
+    for arm in results.arms(size):
+        if arm == study.reference:
+            continue
+        growth = decay_growth_interval(runs[arm], reference)
+        if growth is None:
+            continue
+        verdict = growth.verdict(above="grows", below="shrinks")
+        lines.append(f"| {arm} | {', '.join(map(str, sorted(set(runs[arm]) & set(reference))))} | "
+                     f"{growth.format(unit=' pts')} | {verdict} |")
+    return "\n".join(lines)
+
+
+def sizes_table(results: StudyResults, arms: tuple[str, ...] = ("fp8", "nvfp4")) -> str:
+    study = results.study
+    lines = ["| size | parameters | tokens | tokens per parameter | "
+             + " | ".join(f"{arm} gap, final val" for arm in arms) + " |",
+             "|---|---|---|---|" + "---|" * len(arms)]
+    for size in results.sizes():
+        runs = results.summaries[size]
+        if study.reference not in runs:
+            continue
+        first = next(iter(runs[study.reference].values()))
+        cells = []
+        for arm in arms:
+            interval = gap_interval(runs[arm], runs[study.reference], "final") if arm in runs else None
+            cells.append(interval.format(unit="%") if interval else "")
+        lines.append(f"| {size} | {first.parameters / 1e6:.2f}M | {first.tokens / 1e6:.1f}M | "
+                     f"{first.tokens / first.parameters:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def provenance(results: StudyResults, size: str) -> str:
+    """Which commit(s) and corpus the runs of ``size`` trained on."""
+    commits: dict = {}
+    corpora: dict = {}
+    for run_id, record in results.records.items():
+        if not run_id.startswith(f"{size}/"):
+            continue
+        arm = run_id.split("/")[1]
+        for source in record.get("sources_per_call", [record.get("source", {})]):
+            label = (source.get("commit") or "unknown")[:10] + (" (dirty)" if source.get("dirty") else "")
+            commits.setdefault(label, set()).add(arm)
+        corpora.setdefault((record.get("corpus") or {}).get("manifest_sha256") or "unknown", set()).add(arm)
+    code = "; ".join(f"`{commit}` ({', '.join(a for a in results.study.arms if a in arms)})"
+                     for commit, arms in commits.items())
+    corpus = "; ".join(f"`{digest[:16]}`" for digest in corpora)
+    return f"Code: {code}. Corpus manifest sha256: {corpus}."
+
+
+def _corpus_tokens(results: StudyResults, size: str) -> Optional[int]:
+    for run_id, record in results.records.items():
+        if run_id.startswith(f"{size}/"):
+            tokens = (record.get("corpus") or {}).get("tokens", {}).get("train")
+            if tokens:
+                return int(tokens)
+    return None
+
+
+def _size_has_arm(study: Study, size: str, arm: str) -> bool:
+    chosen = study.sizes[size].get("arms", "all")
+    return chosen == "all" or arm in chosen
+
+
+# ---------------------------------------------------------------------------------- figures
+def figures(results: StudyResults, images: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    study, written = results.study, []
+    images.mkdir(parents=True, exist_ok=True)
+    for size in results.sizes():
+        runs = results.summaries[size]
+        if study.reference not in runs:
+            continue
+        drawn: set[str] = set()
+        for name, members in study.figures.items():
+            present = [arm for arm in members if arm in runs and arm != study.reference]
+            if not set(present) - drawn:
+                continue  # nothing this figure would add to an earlier one
+            drawn |= set(present)
+            figure, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, layout="constrained")
+            for arm in [study.reference, *present]:
+                curve = loss_curve(runs[arm])
+                tokens = [t / 1e6 for t, _ in curve]
+                line, = top.plot(tokens, [i.mean for _, i in curve], label=f"{arm} (n={len(runs[arm])})")
+                if arm == study.reference:
+                    continue
+                gaps = gap_curve(runs[arm], runs[study.reference])
+                x = [t / 1e6 for t, _ in gaps]
+                bottom.plot(x, [i.mean for _, i in gaps], color=line.get_color())
+                if all(i.n >= 2 for _, i in gaps):
+                    bottom.fill_between(x, [i.low for _, i in gaps], [i.high for _, i in gaps],
+                                        color=line.get_color(), alpha=0.15, linewidth=0)
+            bottom.axhline(0, color="black", linewidth=0.8)
+            first = next(iter(runs[study.reference].values()))
+            if first.decay_start < first.steps:  # shade the learning-rate decay
+                start = first.tokens * first.decay_start / first.steps / 1e6
+                for axis in (top, bottom):
+                    axis.axvspan(start, first.tokens / 1e6, color="grey", alpha=0.1, linewidth=0)
+            top.set_ylabel("validation loss (mean over seeds)")
+            bottom.set_ylabel(f"gap to {study.reference} (%), 95% CI")
+            bottom.set_xlabel("tokens (M)")
+            top.set_ylim(top=min(top.get_ylim()[1], 3.0))
+            bottom.set_ylim(-1.5, max(4.0, bottom.get_ylim()[1] if bottom.get_ylim()[1] < 8 else 8))
+            figure.legend(loc="outside right upper")
+            figure.suptitle(f"{study.name} study, size {size}: {name} (grey: learning-rate decay)")
+            path = images / f"study_{size}_{name}.png"
+            figure.savefig(path, dpi=110)
+            plt.close(figure)
+            written.append(path)
+    if len(results.sizes()) > 1:
+        written.append(_sizes_figure(results, images, plt))
     return written
 
 
-def study_report(images: Path, results: Path = RESULTS) -> str:
-    """The study's table (Markdown) from the completed runs under ``results``; redraws the plots into ``images``."""
-    study = load_study(results / "runs.yaml")
-    found = completed_runs(study, results)
-    if study["reference"] not in found:
-        raise ValueError(f"the reference run {study['reference']!r} has no completed results in {results}")
-    summaries = {name: summarize(directory) for name, directory in found.items()}
-    text = table(study, summaries)
-    plots(study, found, images)
-    return text
+def _sizes_figure(results: StudyResults, images: Path, plt) -> Path:
+    study = results.study
+    figure, axis = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    for arm in study.arms:
+        points = []
+        for size in results.sizes():
+            runs = results.summaries[size]
+            if arm == study.reference or arm not in runs or study.reference not in runs:
+                continue
+            interval = gap_interval(runs[arm], runs[study.reference], "final")
+            parameters = next(iter(runs[arm].values())).parameters
+            points.append((parameters / 1e6, interval))
+        if len(points) > 1:
+            x = [p for p, _ in points]
+            axis.errorbar(x, [i.mean for _, i in points], yerr=[[i.mean - i.low for _, i in points],
+                                                                [i.high - i.mean for _, i in points]],
+                          marker="o", capsize=3, label=arm)
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xscale("log")
+    axis.set_xlabel("parameters (M)")
+    axis.set_ylabel(f"final validation gap to {study.reference} (%), 95% CI")
+    figure.legend(loc="outside right upper")
+    path = images / "study_sizes.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
-def write_table(document: Path, text: str) -> None:
-    """Replace the table between the study-table markers of ``document`` by ``text``."""
-    before, begin, rest = document.read_text().partition(TABLE_BEGIN)
-    _, end, after = rest.partition(TABLE_END)
-    if not begin or not end:
-        raise ValueError(f"{document} has no {TABLE_BEGIN} ... {TABLE_END} markers")
-    document.write_text(f"{before}{TABLE_BEGIN}\n{text}\n{TABLE_END}{after}")
+# ---------------------------------------------------------------------------------- the doc
+def sections(results: StudyResults) -> dict[str, str]:
+    """Marker name -> Markdown, for every table the doc holds."""
+    out = {}
+    for size in results.sizes():
+        out[f"{size}-arms"] = arms_table(results, size) + "\n\n" + provenance(results, size)
+        out[f"{size}-differences"] = differences_table(results, size)
+        out[f"{size}-phases"] = phases_table(results, size)
+    if len(results.sizes()) > 1:
+        out["sizes"] = sizes_table(results)
+    return out
+
+
+def write_doc(document: Path, texts: dict[str, str]) -> list[str]:
+    """Replace each `<!-- study-NAME:begin -->` ... `end` block of ``document``; returns the names replaced."""
+    content, replaced = Path(document).read_text(), []
+    for name, text in texts.items():
+        begin, end = f"<!-- study-{name}:begin -->", f"<!-- study-{name}:end -->"
+        before, found, rest = content.partition(begin)
+        if not found:
+            continue
+        _, closed, after = rest.partition(end)
+        if not closed:
+            raise ValueError(f"{document}: {begin} has no {end}")
+        content = f"{before}{begin}\n{text}\n{end}{after}"
+        replaced.append(name)
+    Path(document).write_text(content)
+    return replaced
+
+
+def study_report(study_file: Path = STUDY_FILE, images: Optional[Path] = None) -> tuple[StudyResults, dict]:
+    """Collect the results, draw the figures (when ``images`` is given) and return (results, sections)."""
+    results = collect(load_study(study_file))
+    if not results.sizes():
+        raise ValueError(f"no completed run of {study_file} under {results.study.results}")
+    if images is not None:
+        figures(results, images)
+    return results, sections(results)

@@ -9,6 +9,10 @@
       37m: {overrides: [model.hidden_size=512, ...], arms: [bf16, nvfp4], seeds: [0, 1, 2]}
     arms:                          # what differs between runs of one size and seed
       bf16: {experiment: study_bf16, overrides: [], about: "..."}
+    comparisons:                   # arm-vs-arm differences the report tabulates (first minus second)
+      - [nvfp4_no_sr, nvfp4]
+    figures:                       # report figures: name -> arms drawn against the reference
+      main: [fp8, nvfp4]
 
 A run is one (size, arm, seed); its id is ``<size>/<arm>/seed<k>`` and its results live in that
 folder under the study's results root (the YAML file's folder). Its command is
@@ -57,6 +61,8 @@ class Study:
     seed_overrides: tuple[str, ...]
     sizes: dict
     arms: dict
+    comparisons: tuple[tuple[str, str], ...] = ()
+    figures: dict = dataclasses.field(default_factory=dict)
     path: Optional[Path] = None
 
     @property
@@ -104,7 +110,7 @@ def load_study(path: Path) -> Study:
     missing = [key for key in ("name", "reference", "seeds", "sizes", "arms") if key not in raw]
     if missing:
         raise ValueError(f"{path}: missing {', '.join(missing)}")
-    unknown = set(raw) - {"name", "reference", "seeds", "seed_overrides", "sizes", "arms"}
+    unknown = set(raw) - {"name", "reference", "seeds", "seed_overrides", "sizes", "arms", "comparisons", "figures"}
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}")
     arms, sizes = raw["arms"], raw["sizes"]
@@ -133,5 +139,14 @@ def load_study(path: Path) -> Study:
     seed_overrides = tuple(raw.get("seed_overrides", ["seed={seed}"]))
     if not all("{seed}" in template for template in seed_overrides):
         raise ValueError(f"{path}: every seed_overrides entry must contain {{seed}}")
+    comparisons = tuple(tuple(pair) for pair in raw.get("comparisons", []))
+    for pair in comparisons:
+        if len(pair) != 2 or any(arm not in arms for arm in pair):
+            raise ValueError(f"{path}: comparison {list(pair)} must name two arms")
+    figures = dict(raw.get("figures", {}))
+    for figure, members in figures.items():
+        strays = [arm for arm in members if arm not in arms]
+        if strays:
+            raise ValueError(f"{path}: figure {figure!r} names unknown arm(s) {', '.join(strays)}")
     return Study(name=str(raw["name"]), reference=raw["reference"], seeds=seeds, seed_overrides=seed_overrides,
-                 sizes=dict(sizes), arms=dict(arms), path=path)
+                 sizes=dict(sizes), arms=dict(arms), comparisons=comparisons, figures=figures, path=path)

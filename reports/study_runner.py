@@ -8,8 +8,9 @@ processes share it (docs/study.md has the aggregate tokens/s). The runner:
 2. keeps up to ``parallel`` runs going, starting the next as one ends; a run is not started when
    the deadline would cut it (its expected wall time, from finished runs of the same size and arm,
    is longer than what is left);
-3. at the deadline sends every run SIGTERM: the trainer checkpoints and exits, and a later call
-   with the same ``work`` folder resumes it (the metrics window is checkpointed too: no seam);
+3. at the deadline, or when the runner itself gets SIGTERM or SIGINT (a scheduler's preemption,
+   Ctrl-C), sends every run SIGTERM: the trainer checkpoints and exits, and a later call with the
+   same ``work`` folder resumes it (the metrics window is checkpointed too: no seam);
 4. copies each run's metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml, train.log and a
    run.json into ``<results>/<size>/<arm>/seed<k>/``.
 
@@ -141,12 +142,13 @@ class _Running:
         self.run, self.process, self.log = run, process, log
         self.started = time.perf_counter()
         self.beside = set(beside)  # every run that shared the GPU with it in this call
+        self.signalled = False  # SIGTERM sent at the deadline
 
 
 def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_dir: Path, parallel: int = 4,
               deadline_s: Optional[float] = None, extra: Sequence[str] = (), force: bool = False,
               skip_steps: int = 50, data_config: str = "study", echo: Optional[Echo] = None) -> int:
-    """Run ``runs`` (see the module docstring); 0 when every run that started completed."""
+    """Run ``runs`` (see the module docstring); 0 when every one of them has completed."""
     echo = echo or _print_now
     work, results = Path(work), study.results
     pending = [run for run in runs if force or not completed(results / run.id)]
@@ -165,44 +167,56 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
     expected = _expected_walls(results, pending)
     queue, running, outcomes = list(pending), [], {}
     stopping = False
+    requested: list[str] = []  # a signal the runner itself received: stop the runs as at the deadline
+    handlers = {sig: signal.signal(sig, lambda number, frame: requested.append(signal.Signals(number).name))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def elapsed() -> float:
         return time.perf_counter() - launched
 
-    while queue or running:
-        while queue and len(running) < parallel and not stopping:
-            run = queue[0]
-            left = None if deadline_s is None else deadline_s - elapsed()
-            guess = expected.get((run.size, run.arm))
-            if left is not None and guess is not None and guess > left:
-                echo(f"{run.id}: not started, {left:.0f} s left and it takes about {guess:.0f} s")
-                queue.pop(0)
-                continue
-            queue.pop(0)
-            running.append(_start(run, work, shared, {r.run.id for r in running}, force, echo))
-            for other in running[:-1]:
-                other.beside.add(run.id)
-        for entry in list(running):
-            if entry.process.poll() is not None:
-                running.remove(entry)
-                wall = time.perf_counter() - entry.started
-                entry.log.close()
-                outcomes[entry.run.id] = _collect(study, entry, wall, results, work, extra, skip_steps,
-                                                  source, corpus, machine)
-                if outcomes[entry.run.id]["status"] == "completed":
-                    key = (entry.run.size, entry.run.arm)
-                    expected[key] = max(expected.get(key, 0.0), wall)
-                _echo_outcome(entry.run, outcomes[entry.run.id], echo)
-        if deadline_s is not None and not stopping and elapsed() > deadline_s and running:
-            echo(f"deadline of {deadline_s:.0f} s: SIGTERM to {len(running)} run(s) (they checkpoint)")
-            for entry in running:
-                entry.process.send_signal(signal.SIGTERM)
-            stopping = True
-        time.sleep(1)
+    try:
+        while queue or running:
+            while queue and len(running) < parallel and not stopping:
+                run = queue.pop(0)
+                left = None if deadline_s is None else deadline_s - elapsed()
+                guess = expected.get((run.size, run.arm))
+                if requested or (left is not None and (left <= 0 or (guess is not None and guess > left))):
+                    echo(f"{run.id}: not started" + (f", {requested[0]} received" if requested else
+                         f", {max(left, 0):.0f} s left" + (f" and it takes about {guess:.0f} s" if guess else "")))
+                    continue
+                running.append(_start(run, work, shared, {r.run.id for r in running}, force, echo))
+                for other in running[:-1]:
+                    other.beside.add(run.id)
+            for entry in list(running):
+                if entry.process.poll() is not None:
+                    running.remove(entry)
+                    wall = time.perf_counter() - entry.started
+                    entry.log.close()
+                    outcomes[entry.run.id] = _collect(study, entry, wall, results, work, extra, skip_steps,
+                                                      source, corpus, machine)
+                    if outcomes[entry.run.id]["status"] == "completed":
+                        key = (entry.run.size, entry.run.arm)
+                        expected[key] = max(expected.get(key, 0.0), wall)
+                    _echo_outcome(entry.run, outcomes[entry.run.id], echo)
+            past_deadline = deadline_s is not None and elapsed() > deadline_s
+            if (past_deadline or requested) and not stopping and running:
+                reason = f"{requested[0]} received" if requested else f"deadline of {deadline_s:.0f} s"
+                echo(f"{reason}: SIGTERM to {len(running)} run(s) (they checkpoint)")
+                for entry in running:
+                    entry.process.send_signal(signal.SIGTERM)
+                    entry.signalled = True
+                stopping = True
+            time.sleep(0.5)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
     total = sum(o.get("tokens_per_s_median") or 0.0 for o in outcomes.values())
     echo(f"{len(outcomes)} run(s) in {elapsed():.0f} s; sum of median tokens/s: {total:,.0f}")
-    return 0 if all(o["status"] == "completed" for o in outcomes.values()) else 1
+    done = sum(o["status"] == "completed" for o in outcomes.values())
+    if done < len(pending):
+        echo(f"{len(pending) - done} of {len(pending)} run(s) not completed: run the same command again to resume")
+    return 0 if done == len(pending) else 1
 
 
 def _expected_walls(results: Path, runs: Sequence[StudyRun]) -> dict:
@@ -238,8 +252,10 @@ def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Pa
     if not (run_dir / "config.yaml").is_file() and hydra_config.is_file():
         shutil.copy(hydra_config, run_dir / "config.yaml")
     lines = (run_dir / "train.log").read_text().rstrip().splitlines()  # accumulates over calls
-    preempted = bool(lines) and "preempted at step" in lines[-1]
     code = entry.process.returncode
+    # "preempted at step": it checkpointed; killed by the deadline's SIGTERM before the trainer installed
+    # its handler (still starting up): nothing trained in this call, and nothing is lost either
+    preempted = (bool(lines) and "preempted at step" in lines[-1]) or (entry.signalled and code == -signal.SIGTERM)
     previous = run_record(run_dir)
     record = {
         "run": run.id, "size": run.size, "arm": run.arm, "seed": run.seed, "study": study.name,

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the selected runs and whether each is done")
     parser.add_argument("--parallel", type=int, default=4, help="runs side by side on the GPU")
     parser.add_argument("--deadline", type=float, default=None,
-                        help="seconds: start no run that would not finish by then (guessed from finished runs), "
+                        help="seconds from this command's start (corpus preparation included): start no run that would not finish by then (guessed from finished runs), "
                              "and send SIGTERM to those still going (they checkpoint; run again to resume)")
     parser.add_argument("--work", default="/tmp/study_runs", help="where the runs write (and resume from)")
     parser.add_argument("--prepared-dir", default="/tmp/study_data", help="data.prepared_dir shared by the runs")

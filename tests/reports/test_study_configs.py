@@ -1,5 +1,6 @@
-"""The precision study (results/study/runs.yaml): every run composes, shares what it must, and each
-ablation changes exactly the intended GEMM operands of the precision plan and nothing else."""
+"""The precision study (results/study/study.yaml): every run composes, the runs of a size share what they
+must, seeds change only the seeds, and each ablation changes exactly the intended GEMM operands of the
+precision plan and nothing else."""
 
 from __future__ import annotations
 
@@ -8,25 +9,26 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from models import build_model
 from models.quant.recipe import GEMMS, linear_spec, plan_layers
+from reports.study_definition import load_study
 from trainer.config import TrainConfig, compose
 from trainer.validate import validate_train_config
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-STUDY = yaml.safe_load((REPOSITORY / "results" / "study" / "runs.yaml").read_text())
+STUDY = load_study(REPOSITORY / "results" / "study" / "study.yaml")
+SIZE = next(iter(STUDY.sizes))
 
 
-def compose_run(name: str) -> TrainConfig:
-    run = STUDY["runs"][name]
-    return compose([f"+experiment={run['experiment']}", *run["overrides"]])
+def compose_run(arm: str, seed: int = 0, size: str = SIZE) -> TrainConfig:
+    (run,) = STUDY.select([f"{size}/{arm}/seed{seed}"])
+    return compose(run.trainer_arguments())
 
 
 @pytest.fixture(scope="module")
 def configs() -> dict[str, TrainConfig]:
-    return {name: compose_run(name) for name in STUDY["runs"]}
+    return {arm: compose_run(arm) for arm in STUDY.arms}
 
 
 @pytest.fixture(scope="module")
@@ -64,19 +66,27 @@ def without(config: TrainConfig, *paths: str) -> dict:
     return value
 
 
-def test_every_run_passes_the_start_up_validation(configs):
-    for cfg in configs.values():
-        validate_train_config(cfg)
+def test_every_run_passes_the_start_up_validation():
+    for run in STUDY.runs():
+        validate_train_config(compose(run.trainer_arguments()))
 
 
-def test_every_run_shares_model_data_schedule_and_budget(configs):
-    reference = configs[STUDY["reference"]]
+def test_every_run_of_a_size_shares_model_data_schedule_and_budget(configs):
+    reference = configs[STUDY.reference]
     assert reference.model.name == "study" and reference.data.sources[0].kind == "tree"
     for name, cfg in configs.items():
         for part in ("model", "data", "optim", "train", "parallel", "checkpoint"):
             assert getattr(cfg, part) == getattr(reference, part), (name, part)
-        expected_seed = 1 if name == STUDY["noise_floor"] else 0
-        assert cfg.seed == expected_seed, name
+        assert cfg.seed == 0 and cfg.precision.seed == 0, name
+
+
+def test_a_seed_changes_the_initialization_and_rounding_seeds_only():
+    for seed in STUDY.seeds[1:]:
+        for arm in ("bf16", "nvfp4"):
+            cfg, base = compose_run(arm, seed), compose_run(arm, 0)
+            assert (cfg.seed, cfg.precision.seed) == (seed, seed)
+            assert cfg.data.seed == base.data.seed  # the data order stays: arms of one seed see the same batches
+            assert without(cfg, "seed", "precision.seed") == without(base, "seed", "precision.seed")
 
 
 def test_model_dims_fit_every_format(study_model):
@@ -88,7 +98,6 @@ def test_model_dims_fit_every_format(study_model):
 def test_nvfp4_fp8_and_bf16_differ_only_in_precision(configs):
     for name in ("fp8", "nvfp4"):
         assert without(configs[name], "precision") == without(configs["bf16"], "precision")
-    assert without(configs["bf16_seed1"], "seed") == without(configs["bf16"], "seed")
 
 
 def test_fp8_and_nvfp4_quantize_the_same_layers(configs, study_model):
@@ -153,3 +162,32 @@ def test_late_switch_keeps_the_plan_and_switches_at_80_percent(configs, study_mo
     assert switch == int(0.8 * cfg.train.steps) and cfg.precision.switch_mode == "forward"
     assert (without(cfg, "precision.switch_to_bf16_at_step")
             == without(configs["nvfp4"], "precision.switch_to_bf16_at_step"))
+
+
+def test_the_size_axis_keeps_the_pattern_and_the_budget_rules():
+    """Every size: the study's block pattern, >= 10 tokens per parameter, <= 4 epochs of the corpus, every
+    linear dim a multiple of 128; the largest >= 4x the smallest; arms of one size differ only in precision."""
+    from models.flops import count_parameters
+
+    import json
+
+    # the study corpus's training split as prepared on the GPU machine, recorded by every run
+    record = json.loads((STUDY.results / SIZE / STUDY.reference / "seed0" / "run.json").read_text())
+    corpus_tokens = record["corpus"]["tokens"]["train"]
+    parameters = {}
+    for size in STUDY.sizes:
+        cfg = compose_run("bf16", size=size)
+        assert cfg.model.pattern == compose_run("bf16").model.pattern
+        parameters[size] = count_parameters(cfg.model)
+        tokens = cfg.train.steps * cfg.train.global_batch_size * cfg.data.seq_len
+        assert tokens >= 10 * parameters[size] and tokens <= 4 * corpus_tokens, size
+        with torch.device("meta"):
+            model = build_model(cfg.model)
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                assert module.in_features % 128 == 0 and module.out_features % 128 == 0, (size, name)
+        arms = [run.arm for run in STUDY.runs() if run.size == size and run.seed == 0]
+        for arm in ("fp8", "nvfp4"):
+            if arm in arms:
+                assert without(compose_run(arm, size=size), "precision") == without(cfg, "precision")
+    assert max(parameters.values()) >= 4 * min(parameters.values())

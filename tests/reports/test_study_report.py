@@ -1,52 +1,100 @@
-"""reports.study (scripts/study_report.py) on the committed study results: the table agrees with the JSONL it reads."""
+"""The study report (scripts/study_report.py) on the committed results: the doc's tables are the ones the
+report regenerates, and their numbers agree with the metrics.jsonl files, recomputed here independently
+(losses read directly, confidence intervals from scipy's one-sample t-test)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
-import yaml
+from scipy import stats
 
-from reports.study import study_report
+from reports.study import collect, sections, study_report, write_doc
+from reports.study_definition import load_study
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-RESULTS = REPOSITORY / "results" / "study"
+STUDY_FILE = REPOSITORY / "results" / "study" / "study.yaml"
+DOC = REPOSITORY / "docs" / "study.md"
 
 
-def final_val_loss(run: str) -> float:
-    lines = [json.loads(line) for line in (RESULTS / run / "metrics.jsonl").read_text().splitlines()]
-    return [line for line in lines if "val_loss" in line][-1]["val_loss"]
+def validation_points(directory: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+    return {line["step"]: line["val_loss"] for line in lines if line.get("val_loss") is not None}
 
 
-def test_table_rows_match_the_metrics_and_the_doc(tmp_path):
-    study = yaml.safe_load((RESULTS / "runs.yaml").read_text())
-    text = study_report(tmp_path)
-    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
-            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| run")}
-    completed = [name for name in study["runs"] if (RESULTS / name / "run.json").is_file()]
-    assert sorted(rows) == sorted(completed) and study["reference"] in rows
-    reference = final_val_loss(study["reference"])
-    for name, cells in rows.items():
-        assert float(cells[5]) == pytest.approx(final_val_loss(name), abs=1e-4)
-        assert float(cells[6].rstrip("%")) == pytest.approx(100 * (final_val_loss(name) / reference - 1), abs=0.006)
-    assert (tmp_path / "study_main.png").is_file()
-    assert text in (REPOSITORY / "docs" / "study.md").read_text()  # the doc holds the current table
+def scipy_interval(values: list[float]) -> tuple[float, float, float]:
+    result = stats.ttest_1samp(values, 0.0)
+    low, high = result.confidence_interval(0.95)
+    return sum(values) / len(values), low, high
 
 
-def test_run_record_accumulates_over_resumed_calls(tmp_path):
-    """A run stopped and resumed keeps every call's wall time and its neighbours, not only the last."""
-    from reports import study as study_module
+def parse_interval(cell: str) -> tuple[float, float, float]:
+    """'+1.24% [+0.40, +2.08]' -> (1.24, 0.40, 2.08)."""
+    match = re.fullmatch(r"([+-]\d+\.\d+)(?:%| pts) \[([+-]\d+\.\d+), ([+-]\d+\.\d+)\]", cell.strip())
+    assert match, cell
+    return tuple(float(x) for x in match.groups())
 
-    study = {"runs": {"a": {"experiment": "study_nvfp4", "overrides": [], "about": "x"}}}
-    run_dir = tmp_path / "a"
-    run_dir.mkdir()
-    (run_dir / "config.yaml").write_text("seed: 0\n")
-    (run_dir / "train.log").write_text("preempted at step 5: checkpoint saved\n")
-    first = study_module._record_run(study, "a", run_dir, 0, 10.0, 100.0, [], ["b", "c"], {})
-    assert first["status"] == "stopped" and first["calls"] == 1
-    (run_dir / "train.log").write_text("preempted at step 5: checkpoint saved\ndone\n")
-    second = study_module._record_run(study, "a", run_dir, 0, 5.0, 100.0, [], ["b"], {})
-    assert second["calls"] == 2 and second["wall_s"] == 15.0
-    assert second["side_by_side_per_call"] == [["b", "c"], ["b"]]
-    assert second["side_by_side_with"] == ["b", "c"]
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    return {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ") and not line.startswith("| arm")
+            and not line.startswith("| difference")}
+
+
+def test_the_doc_holds_the_tables_the_report_regenerates(tmp_path):
+    _, texts = study_report(STUDY_FILE, images=tmp_path)
+    doc = DOC.read_text()
+    for name, text in texts.items():
+        assert f"<!-- study-{name}:begin -->\n{text}\n<!-- study-{name}:end -->" in doc, name
+    assert sorted(p.name for p in tmp_path.glob("*.png"))  # the figures were drawn
+
+
+def test_the_gaps_agree_with_the_metrics_recomputed_independently():
+    study = load_study(STUDY_FILE)
+    results = collect(study)
+    doc = DOC.read_text()
+    for size in results.sizes():
+        rows = table_rows(doc.split(f"<!-- study-{size}-arms:begin -->")[1].split("<!-- study-")[0])
+        reference = {seed: validation_points(study.results / size / study.reference / f"seed{seed}")
+                     for seed in results.summaries[size][study.reference]}
+        for arm in results.arms(size):
+            runs = {seed: validation_points(study.results / size / arm / f"seed{seed}")
+                    for seed in results.summaries[size][arm]}
+            finals = [points[max(points)] for points in runs.values()]
+            assert float(rows[arm][4].split()[0]) == pytest.approx(sum(finals) / len(finals), abs=6e-5)
+            if arm == study.reference or len(runs) < 2:
+                continue
+            gaps = [100 * (runs[s][max(runs[s])] / reference[s][max(reference[s])] - 1) for s in runs]
+            for printed, expected in zip(parse_interval(rows[arm][5]), scipy_interval(gaps)):
+                assert printed == pytest.approx(expected, abs=0.006), (size, arm)
+            steps = max(runs[0])
+            late = [100 * (sum(v for k, v in runs[s].items() if k > 0.7 * steps) /
+                           sum(v for k, v in reference[s].items() if k > 0.7 * steps) - 1) for s in runs]
+            for printed, expected in zip(parse_interval(rows[arm][6]), scipy_interval(late)):
+                assert printed == pytest.approx(expected, abs=0.006), (size, arm)
+
+
+def test_the_doc_states_a_claim_only_where_the_interval_excludes_zero():
+    results = collect(load_study(STUDY_FILE))
+    for size in results.sizes():
+        for line in sections(results)[f"{size}-arms"].splitlines():
+            cells = [cell.strip() for cell in line.split("|")[1:-1]]
+            if len(cells) < 9 or "[" not in cells[6]:
+                continue
+            (_, low, high), (_, late_low, late_high) = parse_interval(cells[6]), parse_interval(cells[7])
+            resolved = (low > 0 or high < 0) and (late_low > 0 or late_high < 0)
+            assert (cells[8] in ("worse", "better")) == resolved, line
+
+
+def test_write_doc_replaces_only_the_marked_blocks(tmp_path):
+    document = tmp_path / "doc.md"
+    document.write_text("intro\n<!-- study-a:begin -->\nold\n<!-- study-a:end -->\nmiddle\n"
+                        "<!-- study-b:begin -->\nold b\n<!-- study-b:end -->\nend\n")
+    assert write_doc(document, {"a": "new a", "c": "nowhere"}) == ["a"]
+    assert document.read_text() == ("intro\n<!-- study-a:begin -->\nnew a\n<!-- study-a:end -->\nmiddle\n"
+                                    "<!-- study-b:begin -->\nold b\n<!-- study-b:end -->\nend\n")
+    document.write_text("<!-- study-a:begin -->\nunclosed\n")
+    with pytest.raises(ValueError, match="study-a:end"):
+        write_doc(document, {"a": "x"})

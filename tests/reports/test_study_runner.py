@@ -1,0 +1,107 @@
+"""scripts/run_study.py end to end on the CPU: two tiny arms side by side, stopped mid-training by a
+SIGTERM to the runner (each run checkpoints), resumed by the same command to completion; run.json records
+the calls, the source commit and the corpus hash, and the resumed metrics log has no seam. The deadline
+takes the same path as the signal (it is not timed here: a loaded CI machine makes timings unreliable)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+STEPS = 200
+LOG_EVERY = 10
+
+
+def tiny_data_config(tmp_path: Path) -> Path:
+    text = (REPOSITORY / "configs" / "data" / "builtin.yaml").read_text()
+    for old, new in (("seq_len: 256", "seq_len: 64"), ("builtin_vocab_size: 4096", "builtin_vocab_size: 512"),
+                     ("builtin_corpus_mb: 8.0", "builtin_corpus_mb: 0.3"),
+                     ("validation_fraction: 0.02", "validation_fraction: 0.2"),
+                     ("validation_batches: 4", "validation_batches: 1")):
+        assert old in text, old
+        text = text.replace(old, new)
+    text = "\n".join(f"cache_dir: {tmp_path / 'cache'}" if line.startswith("cache_dir:") else line
+                     for line in text.splitlines())
+    path = tmp_path / "data.yaml"
+    path.write_text(text + "\n")
+    return path
+
+
+def study_file(tmp_path: Path) -> Path:
+    data = ["data.builtin_vocab_size=512", "data.builtin_corpus_mb=0.3", f"data.cache_dir={tmp_path / 'cache'}",
+            "data.seq_len=64", "data.validation_batches=1", "data.validation_fraction=0.2"]
+    size = ["model=tiny", "model.vocab_size=512", *data, f"train.steps={STEPS}", "train.micro_batch_size=2",
+            "train.global_batch_size=4", "train.eval_every=50", "train.eval_batches=1", f"logging.log_every={LOG_EVERY}",
+            "logging.progress_bar=false"]
+    results = tmp_path / "results"
+    results.mkdir()
+    path = results / "study.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: tiny
+        reference: a
+        seeds: [0]
+        sizes:
+          t: {{overrides: {json.dumps(size)}, arms: all}}
+        arms:
+          a: {{experiment: quickstart, overrides: [precision=bf16]}}
+          b: {{experiment: quickstart, overrides: [precision=bf16, optim.lr=1.0e-3]}}
+    """))
+    return path
+
+
+def run_study(*arguments: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPOSITORY / "scripts" / "run_study.py"), *arguments],
+                          cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_runs_side_by_side_stop_on_a_signal_and_resume(tmp_path):
+    import os
+    import signal
+    import time
+
+    study = study_file(tmp_path)
+    common = ["--study", str(study), "--work", str(tmp_path / "work"), "--prepared-dir", str(tmp_path / "prepared"),
+              "--data-config", str(tiny_data_config(tmp_path)), "--parallel", "2", "--skip-steps", "0"]
+    env = {**os.environ, "STUDY_SOURCE_COMMIT": "0123abc", "STUDY_SOURCE_DIRTY": "1", "PYTHONPATH": str(REPOSITORY)}
+    first = subprocess.Popen([sys.executable, str(REPOSITORY / "scripts" / "run_study.py"), *common], cwd=REPOSITORY,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = [tmp_path / "work" / "t" / run / "seed0" / "metrics.jsonl" for run in ("a", "b")]
+    deadline = time.monotonic() + 400
+    while not all(path.is_file() and path.read_text().strip() for path in metrics):  # both are training
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)
+    output = first.communicate(timeout=300)[0]
+    assert first.returncode == 1 and "SIGTERM received: SIGTERM to 2 run(s)" in output, output
+    for run in ("a", "b"):
+        record = json.loads((study.parent / "t" / run / "seed0" / "run.json").read_text())
+        assert record["status"] == "stopped" and record["calls"] == 1, output
+
+    second = run_study(*common, env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    for run in ("a", "b"):
+        folder = study.parent / "t" / run / "seed0"
+        record = json.loads((folder / "run.json").read_text())
+        assert record["status"] == "completed" and record["run"] == f"t/{run}/seed0" and record["exit_code"] == 0
+        assert record["calls"] == 2 and len(record["sources_per_call"]) == 2
+        assert record["side_by_side_per_call"] == [[f"t/{'b' if run == 'a' else 'a'}/seed0"]] * 2
+        assert record["source"] == {"commit": "0123abc", "dirty": True, "from": "environment"}
+        assert len(record["corpus"]["manifest_sha256"]) == 64 and record["corpus"]["tokens"]["train"] > 0
+        for name in ("metrics.jsonl", "events.jsonl", "config.yaml", "train.log", "precision_plan.txt"):
+            assert (folder / name).is_file(), name
+        events = [json.loads(line)["event"] for line in (folder / "events.jsonl").read_text().splitlines()]
+        assert "preempted" in events and "resumed" in events
+        lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        regular = [line for line in lines if not line.get("partial")]
+        # no seam: every regular line averages log_every steps, the one after the resume too
+        assert all("window_steps" not in line for line in regular)
+        assert [line["step"] for line in regular if line["step"] % LOG_EVERY == 0] == list(
+            range(LOG_EVERY, STEPS + 1, LOG_EVERY))
+    assert "completed in" in run_study(*common, env=env).stdout  # nothing is run twice
