@@ -201,12 +201,52 @@ def _size_has_arm(study: Study, size: str, arm: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------- figures
-def figures(results: StudyResults, images: Path) -> list[Path]:
+def gap_figure(groups: dict[str, dict[int, RunSummary]], reference: str, title: str, path: Path) -> Path:
+    """Validation loss (mean over seeds) and the gap to ``reference`` paired by seed with its 95% band, vs tokens.
+
+    groups: label -> {seed: summary}, the reference among them. The legend sits outside the axes.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, layout="constrained")
+    ceiling = []
+    for label in [reference, *(name for name in groups if name != reference)]:
+        curve = loss_curve(groups[label])
+        tokens = [t / 1e6 for t, _ in curve]
+        line, = top.plot(tokens, [i.mean for _, i in curve], label=f"{label} (n={len(groups[label])})")
+        ceiling += [i.mean for t, i in curve if t >= 0.15 * curve[-1][0]]  # past the first steep drop
+        if label == reference:
+            continue
+        gaps = gap_curve(groups[label], groups[reference])
+        x = [t / 1e6 for t, _ in gaps]
+        bottom.plot(x, [i.mean for _, i in gaps], color=line.get_color())
+        if gaps and all(i.n >= 2 for _, i in gaps):
+            bottom.fill_between(x, [i.low for _, i in gaps], [i.high for _, i in gaps],
+                                color=line.get_color(), alpha=0.15, linewidth=0)
+    bottom.axhline(0, color="black", linewidth=0.8)
+    first = next(iter(groups[reference].values()))
+    if first.decay_start < first.steps:  # shade the learning-rate decay
+        start = first.tokens * first.decay_start / first.steps / 1e6
+        for axis in (top, bottom):
+            axis.axvspan(start, first.tokens / 1e6, color="grey", alpha=0.1, linewidth=0)
+    if ceiling:
+        top.set_ylim(top=max(ceiling) * 1.02)
+    low, high = bottom.get_ylim()
+    bottom.set_ylim(max(low, -4.0), min(high, 8.0))  # the first points' bands can be far wider than the rest
+    top.set_ylabel("validation loss (mean over seeds)")
+    bottom.set_ylabel(f"gap to {reference} (%), 95% CI")
+    bottom.set_xlabel("tokens (M)")
+    figure.legend(loc="outside right upper")
+    figure.suptitle(title + (" (grey: learning-rate decay)" if first.decay_start < first.steps else ""))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def figures(results: StudyResults, images: Path) -> list[Path]:
     study, written = results.study, []
     images.mkdir(parents=True, exist_ok=True)
     for size in results.sizes():
@@ -219,37 +259,15 @@ def figures(results: StudyResults, images: Path) -> list[Path]:
             if not set(present) - drawn:
                 continue  # nothing this figure would add to an earlier one
             drawn |= set(present)
-            figure, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, layout="constrained")
-            for arm in [study.reference, *present]:
-                curve = loss_curve(runs[arm])
-                tokens = [t / 1e6 for t, _ in curve]
-                line, = top.plot(tokens, [i.mean for _, i in curve], label=f"{arm} (n={len(runs[arm])})")
-                if arm == study.reference:
-                    continue
-                gaps = gap_curve(runs[arm], runs[study.reference])
-                x = [t / 1e6 for t, _ in gaps]
-                bottom.plot(x, [i.mean for _, i in gaps], color=line.get_color())
-                if all(i.n >= 2 for _, i in gaps):
-                    bottom.fill_between(x, [i.low for _, i in gaps], [i.high for _, i in gaps],
-                                        color=line.get_color(), alpha=0.15, linewidth=0)
-            bottom.axhline(0, color="black", linewidth=0.8)
-            first = next(iter(runs[study.reference].values()))
-            if first.decay_start < first.steps:  # shade the learning-rate decay
-                start = first.tokens * first.decay_start / first.steps / 1e6
-                for axis in (top, bottom):
-                    axis.axvspan(start, first.tokens / 1e6, color="grey", alpha=0.1, linewidth=0)
-            top.set_ylabel("validation loss (mean over seeds)")
-            bottom.set_ylabel(f"gap to {study.reference} (%), 95% CI")
-            bottom.set_xlabel("tokens (M)")
-            top.set_ylim(top=min(top.get_ylim()[1], 3.0))
-            bottom.set_ylim(-1.5, max(4.0, bottom.get_ylim()[1] if bottom.get_ylim()[1] < 8 else 8))
-            figure.legend(loc="outside right upper")
-            figure.suptitle(f"{study.name} study, size {size}: {name} (grey: learning-rate decay)")
-            path = images / f"study_{size}_{name}.png"
-            figure.savefig(path, dpi=110)
-            plt.close(figure)
-            written.append(path)
+            groups = {arm: runs[arm] for arm in [study.reference, *present]}
+            written.append(gap_figure(groups, study.reference, f"{study.name} study, size {size}: {name}",
+                                      images / f"study_{size}_{name}.png"))
     if len(results.sizes()) > 1:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
         written.append(_sizes_figure(results, images, plt))
     return written
 
@@ -280,6 +298,42 @@ def _sizes_figure(results: StudyResults, images: Path, plt) -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+# ------------------------------------------------------------------- seed groups (compare_runs)
+def compare_seed_groups(groups: dict[str, list[Path]], out: Path, json_path: Optional[Path] = None,
+                        echo=print) -> dict:
+    """Arms given as run folders, one per seed, paired by position; the first arm is the reference.
+
+    Prints (through ``echo``) each arm's gap to the reference on the final and the last-30%
+    validation loss with 95% t intervals and the growth of the gap in the decay phase, draws the
+    gap figure to ``out``, and returns (and writes to ``json_path``) the numbers.
+    """
+    import json
+
+    sizes = {len(folders) for folders in groups.values()}
+    if len(sizes) != 1:
+        raise ValueError("every group needs the same number of runs (one per seed, in the same seed order): "
+                         + ", ".join(f"{label}: {len(folders)}" for label, folders in groups.items()))
+    summaries = {label: {index: summarize_run(folder) for index, folder in enumerate(folders)}
+                 for label, folders in groups.items()}
+    reference = next(iter(summaries))
+    numbers = {"reference": reference, "seeds": sizes.pop(), "arms": {}}
+    echo(f"{'arm':24s} {'gap, final val':28s} {'gap, last-30% val':28s} {'decay growth':26s}")
+    for label, runs in summaries.items():
+        if label == reference:
+            continue
+        final, late = gap_interval(runs, summaries[reference], "final"), gap_interval(runs, summaries[reference], "late")
+        growth = decay_growth_interval(runs, summaries[reference])
+        echo(f"{label:24s} {final.format(unit='%'):28s} {late.format(unit='%'):28s} "
+             f"{growth.format(unit=' pts') if growth else '(no decay phase)':26s}")
+        numbers["arms"][label] = {name: dataclasses.asdict(interval) if interval else None
+                                  for name, interval in (("final", final), ("late", late), ("decay_growth", growth))}
+    numbers["figure"] = str(gap_figure(summaries, reference, f"{' vs '.join(summaries)} ({numbers['seeds']} seeds)",
+                                       Path(out)))
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(numbers, indent=1) + "\n")
+    return numbers
 
 
 # ---------------------------------------------------------------------------------- the doc

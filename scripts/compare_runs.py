@@ -4,6 +4,13 @@
     python scripts/compare_runs.py runs/bf16 runs/fp8 runs/nvfp4 --labels bf16 fp8 nvfp4 --val
     python scripts/compare_runs.py runs/fp8 runs/nvfp4 --wandb-report              # + the figure to W&B (offline)
     python scripts/compare_runs.py wandb:me/hybrid-nvfp4/abc123 wandb:me/hybrid-nvfp4/def456 --wandb-online
+    python scripts/compare_runs.py runs/bf16_s0,runs/bf16_s1,runs/bf16_s2 runs/nvfp4_s0,runs/nvfp4_s1,runs/nvfp4_s2 \
+        --labels bf16 nvfp4 --out seeds.png        # seed groups: paired gaps with 95% confidence intervals
+
+A RUN with commas is a group of run directories, one per seed: every RUN must then be a group of
+the same size, paired by position (the same seed order), and the comparison is the study report's
+(reports/study.py: gaps to the first group on the final and last-30% validation loss with 95% t
+intervals, the growth of the gap in the decay phase, the figure with CI bands).
 
 What a RUN may be, the method (smoothing, alignment, phases, noise band) and the numbers:
 reports/compare_runs.py.
@@ -16,6 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from reports.compare_runs import compare_runs
+from reports.study import compare_seed_groups
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -48,8 +56,23 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def _group_label(folders: list[str]) -> str:
+    """A seed group's default label: the folder that holds all its runs (bf16/seed0,bf16/seed1 -> bf16)."""
+    parents = {Path(folder).resolve().parent for folder in folders}
+    return parents.pop().name if len(parents) == 1 and len(folders) > 1 else Path(folders[0]).name
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
+    if any("," in run for run in args.runs):
+        labels = args.labels or [_group_label(run.split(",")) for run in args.runs]
+        if len(set(labels)) != len(labels):
+            raise SystemExit(f"seed groups need distinct labels (got {labels}): give --labels")
+        try:
+            return compare_seed_groups({label: [Path(p) for p in run.split(",")] for label, run in zip(labels, args.runs)},
+                                       args.out, args.json)
+        except (ValueError, OSError) as error:
+            raise SystemExit(str(error)) from None
     return compare_runs(
         args.runs, labels=args.labels, smoothing=args.smooth, out=args.out, val=args.val,
         decay_start_tokens=args.decay_start_tokens, stable_start_tokens=args.stable_start_tokens, noise=args.noise,
