@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-STEPS = 200
-LOG_EVERY = 10
+STEPS = 60
+LOG_EVERY = 5
 
 
 def tiny_data_config(tmp_path: Path) -> Path:
@@ -37,7 +37,7 @@ def study_file(tmp_path: Path) -> Path:
     data = ["data.builtin_vocab_size=512", "data.builtin_corpus_mb=0.3", f"data.cache_dir={tmp_path / 'cache'}",
             "data.seq_len=64", "data.validation_batches=1", "data.validation_fraction=0.2"]
     size = ["model=tiny", "model.vocab_size=512", *data, f"train.steps={STEPS}", "train.micro_batch_size=2",
-            "train.global_batch_size=4", "train.eval_every=50", "train.eval_batches=1", f"logging.log_every={LOG_EVERY}",
+            "train.global_batch_size=4", "train.eval_every=30", "train.eval_batches=1", f"logging.log_every={LOG_EVERY}",
             "logging.progress_bar=false"]
     results = tmp_path / "results"
     results.mkdir()
