@@ -28,8 +28,9 @@ Memory and links per GPU (what the run planner, trainer/planning, needs), datash
   400 Gb/s = 50 GB/s (DGX H100, DGX H200, DGX B200, GB200 NVL72 compute trays); ConnectX-8 800 Gb/s =
   100 GB/s (HGX B300, GB300 NVL72 compute trays: 4 ConnectX-8 per 4-GPU tray).
 The CPU (`cpu_spec`) is this host: its cores at a nominal 32 FP32 FLOP per cycle and core (two
-256-bit FMA units) and 3 GHz, 10 GB/s of memory bandwidth per core, and the host's RAM; a rough
-bound for planning only (the trainer computes in float32 on the CPU).
+256-bit FMA units) and 3 GHz, 10 GB/s of memory bandwidth per core, 5 GB/s between processes (gloo
+over the loopback), and the host's RAM; a rough bound for planning only (the trainer computes in
+float32 on the CPU).
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def cpu_spec(cores: Optional[int] = None, memory_gib: Optional[float] = None) ->
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     rate = cores * 32 * 3e9
-    return GpuSpec("CPU", {"bf16": rate}, cores * 10e9, memory_gib if memory_gib is not None else host_memory_gib())
+    memory = memory_gib if memory_gib is not None else host_memory_gib()
+    # Processes of one host exchange tensors through gloo over the loopback: a nominal 5 GB/s.
+    return GpuSpec("CPU", {"bf16": rate}, cores * 10e9, memory, network_bytes_per_s=5e9)
 
 
 def device_spec(name: str) -> GpuSpec:

@@ -176,6 +176,8 @@ def test_the_cpu_is_this_host():
     assert spec.memory_gib == 24.0 and spec.peak_flops["bf16"] == 2 * 32 * 3e9
     plan = plan_run(hand_run("train.micro_batch_size=2", "train.global_batch_size=2"), spec, 1)
     assert plan.layout.compute_bytes == 4 and plan.layout.backend == "none" and plan.fits
+    two = plan_run(hand_run("train.micro_batch_size=2", "train.global_batch_size=4"), spec, 2)
+    assert two.layout.fsdp and two.time.communication > 0  # gloo between the processes of one host
     small = dataclasses.replace(spec, memory_gib=2.1)  # 2 GiB of it reserved for the process
     assert not plan_run(hand_run("train.micro_batch_size=2", "train.global_batch_size=2"), small, 1).fits
 
