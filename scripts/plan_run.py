@@ -35,7 +35,7 @@ def main(argv=None) -> int:
                         help="token budget (default: train.steps x global batch x sequence length)")
     parser.add_argument("--config-dir", default=None, help="a folder of one's own configs, as the trainer's")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides before and after the options
     try:
         gpu = device_spec(args.gpu)
         cfg = compose(args.overrides, config_dir=args.config_dir)

@@ -118,6 +118,20 @@ def test_fsdp_traffic_by_hand():
     assert (hsdp.shard, hsdp.replicate) == (4, 2)
 
 
+def test_native_linears_save_their_input_quantized():
+    """Per input element, a native GEMM saves X^T in its format: NVFP4 0.5 + 1/16 (E4M3 per 16), FP8
+    blockwise 1 + 4/128 (FP32 per 128); the per-tensor scale is per tensor, not per element."""
+    from trainer.planning.memory import linear_saved_input_bytes
+
+    for precision, expected in (("nvfp4", 0.5 + 1 / 16), ("fp8", 1 + 4 / 128)):
+        cfg = compose(["+experiment=study_bf16", f"precision={precision}", "precision.bf16_layers_at_start=0",
+                       "precision.bf16_layers_at_end=0"])
+        layout = resolve_layout(cfg, GPUS["B200"], 1)
+        assert layout.backend == "native"
+        assert linear_saved_input_bytes(layout, "layers.0.mixer.in_proj") == pytest.approx(expected)
+        assert linear_saved_input_bytes(layout, "lm_head") == 2  # the LM head stays BF16
+
+
 def test_layouts_the_trainer_refuses_are_config_errors():
     with pytest.raises(ConfigError, match="train.global_batch_size"):
         plan_run(hand_run("train.micro_batch_size=2", "train.global_batch_size=6"), GPUS["H200"], 2)

@@ -78,7 +78,8 @@ def linear_saved_input_bytes(layout: RunLayout, name: str) -> float:
     fmt = layout.linear_format(name)
     if fmt == "bf16" or layout.backend == "emulated":
         return layout.compute_bytes
-    return FORMAT_COSTS[fmt].vector_bytes(1.0)
+    cost = FORMAT_COSTS[fmt]  # the quantized X^T: elements and block scales (the one tensor scale is negligible)
+    return cost.element_bytes + (cost.vector_scale_bytes / cost.vector_block if cost.vector_scale_bytes else 0.0)
 
 
 def linear_saved_weight_bytes(layout: RunLayout, name: str, elements: int) -> float:
