@@ -18,6 +18,9 @@ import argparse
 import json
 import sys
 
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
 from trainer.config import compose
 from trainer.hardware import GPUS, device_spec
 from trainer.planning import plan_run, smallest_changes
@@ -40,7 +43,7 @@ def main(argv=None) -> int:
         gpu = device_spec(args.gpu)
         cfg = compose(args.overrides, config_dir=args.config_dir)
         plan = plan_run(cfg, gpu, args.gpus, args.gpus_per_node, token_budget=args.tokens)
-    except (ConfigError, ValueError) as error:
+    except (ConfigError, ValueError, HydraException, OmegaConfBaseException) as error:  # a bad config or GPU name
         print(f"{type(error).__name__}: {error}", file=sys.stderr)
         return 2
     if args.json:

@@ -25,6 +25,7 @@ from trainer.callbacks import Callback, StepContext
 from trainer.config import TrainConfig
 from trainer.hardware import GPUS, GpuSpec, cpu_spec, detect_gpu, host_memory_gib
 from trainer.planning import RunPlan, plan_run, smallest_changes, smallest_fitting_gpus
+from trainer.validate import ConfigError
 
 SUGGESTED_GPUS = ("H200", "B200", "GB300")
 """GPU kinds a run refused on a CPU is planned on, for the message."""
@@ -40,7 +41,10 @@ def devices_seen(cfg: TrainConfig) -> tuple[GpuSpec, int, int]:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    device = resolve_device(cfg.parallel.device)
+    try:
+        device = resolve_device(cfg.parallel.device)
+    except RuntimeError as error:  # parallel.device=cuda on a machine without CUDA: the user's to change
+        raise ConfigError(str(error)) from error
     stated = cfg.train.preflight_memory_gib
     if device.type == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -18,6 +18,7 @@ from models.config import ModelConfig
 from trainer.config import TrainConfig
 from trainer.hardware import GpuSpec
 from trainer.planning.gemm_costs import FORMAT_COSTS, RECIPE_FORMATS, recipe_gemm_formats
+from trainer.validate import ConfigError
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -65,9 +66,7 @@ class RunLayout:
         return self.gemm_formats.get(name, {}).get("fprop", "bf16")
 
 
-def _config_error(message: str) -> Exception:
-    from trainer.validate import ConfigError
-
+def _config_error(message: str) -> ConfigError:
     return ConfigError(message)
 
 
