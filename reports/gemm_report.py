@@ -2,7 +2,7 @@
 
 `build_report(model_config, tokens, seq_len, precision, gpus, formats, overhead)` lists the GEMMs
 of one micro-batch (models.gemms: Fprop, Dgrad, Wgrad of every linear; attention BMMs, always
-BF16) with the modelled time of each in each format (reports.gemm_costs). With a precision
+BF16) with the modelled time of each in each format (trainer.planning.gemm_costs). With a precision
 recipe the report marks which GEMMs that recipe keeps in BF16 (first/last pattern symbols,
 lm_head, globs, GEMMs the recipe leaves unquantized) exactly as the trainer's precision pass
 (models.quant.recipe.plan_layers) decides, and adds the step speedup of the recipe.
@@ -22,9 +22,9 @@ from benchmarks.gemm_timing import MEASURE_VARIANTS, measure_gemm_shapes
 from models.config import ModelConfig
 from models.flops import flops_breakdown
 from models.gemms import ATTENTION_KIND, Gemm, training_gemms
-from reports.gemm_costs import (
+from trainer.planning.gemm_costs import (
     DEFAULT_FORMATS, FORMAT_COSTS, OVERHEAD_MODES, RECIPE_FORMATS, FormatCost, GemmTime, costs_for_recipe, gemm_time,
-    peak_rate, speedup,
+    peak_rate, recipe_gemm_formats, speedup,
 )
 from trainer.config import compose_option
 from trainer.hardware import GPUS, GpuSpec
@@ -39,28 +39,6 @@ def load_model_config(name_or_path: str) -> ModelConfig:
 def load_precision_config(name_or_path: str):
     """PrecisionConfig of configs/precision/<name>.yaml or a yaml path (unknown keys fail, naming them)."""
     return compose_option("precision", name_or_path).precision
-
-
-def recipe_gemm_formats(cfg: ModelConfig, precision) -> Dict[str, Dict[str, str]]:
-    """Linear name -> {fprop|dgrad|wgrad: report format or 'bf16'} as the trainer's precision pass plans it.
-
-    Builds the model on the meta device (no memory) and asks models.quant.recipe.plan_layers, so the
-    report and the trainer agree on every layer by construction.
-    """
-    import torch
-
-    from models import build_model
-    from models.quant.recipe import plan_layers
-
-    if precision.format not in RECIPE_FORMATS:
-        raise ValueError(f"precision.format {precision.format!r} has no cost model; known: {sorted(RECIPE_FORMATS)}")
-    with torch.device("meta"):
-        model = build_model(cfg)
-    plans = plan_layers(model, precision)
-    return {
-        plan.name: {gemm: (RECIPE_FORMATS[fmt] if fmt != "bf16" else "bf16") for gemm, fmt in plan.gemm_formats.items()}
-        for plan in plans
-    }
 
 
 # ------------------------------------------------------------------------------------ the report

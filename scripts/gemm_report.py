@@ -12,7 +12,7 @@ in BF16 (first/last pattern symbols, lm_head, globs, GEMMs the recipe leaves unq
 the trainer's precision pass (models.quant.recipe.plan_layers) decides, and adds the step speedup of
 the recipe.
 
-The cost model (formulas, assumptions, bytes per format) is reports/gemm_costs.py; the report,
+The cost model (formulas, assumptions, bytes per format) is trainer/planning/gemm_costs.py; the report,
 its tables and CSV reports/gemm_report.py.
 
 --measure times each distinct linear GEMM shape on the present CUDA GPU (CUDA events, median of
@@ -26,7 +26,7 @@ import argparse
 from pathlib import Path
 from typing import Optional, Sequence
 
-from reports.gemm_costs import DEFAULT_FORMATS, OVERHEAD_MODES
+from trainer.planning.gemm_costs import DEFAULT_FORMATS, OVERHEAD_MODES
 from reports.gemm_report import Report, build_report, load_model_config, load_precision_config, measure, render, write_csv
 from trainer.hardware import GPUS
 

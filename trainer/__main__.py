@@ -4,11 +4,17 @@ Hydra composes configs/train.yaml, the chosen group files and the command-line o
 against the `TrainConfig` schema. Before Hydra runs, every `a.b.c=value` override is checked
 against the schema, so a misspelt key fails at once with the valid keys listed (Hydra alone
 would only say the key is not in the struct).
+
+A user's error (`user_errors()`: a config value, the data, a checkpoint, a path that is not there, a
+run that does not fit its devices) ends the process with its one message on stderr and exit status 2, without a traceback;
+HYDRA_FULL_ERROR=1 shows the traceback instead (Hydra's own switch for the same). With several
+ranks, rank 0 prints the message and the others its first line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import typing
 from typing import List, Optional
@@ -18,7 +24,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from data.errors import DataError
 from trainer.config import CONFIG_DIR, TrainConfig, register_configs
+from trainer.validate import ConfigError
 
 CONFIG_GROUPS = ("model", "precision", "data", "optim", "parallel", "logging", "experiment")
 
@@ -78,9 +86,33 @@ def main(dict_cfg: DictConfig) -> None:
         cfg.name = runtime.choices.get("experiment") or "default"
     from trainer.loop import train
 
-    summary = train(cfg)
+    try:
+        summary = train(cfg)
+    except user_errors() as error:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        report_user_error(error)
+        sys.exit(2)
     if summary["status"] == "preempted":
         print(f"preempted at step {summary['step']}: checkpoint saved in {summary['run_dir']}", flush=True)
+
+
+def user_errors() -> tuple:
+    """The exceptions that are the user's to fix: reported in one message, exit status 2."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.preflight import PreflightError
+
+    # FileNotFoundError: a path the user gave (checkpoint.resume, init_from_hf, a tokenizer) that is not there.
+    return (ConfigError, DataError, CheckpointError, PreflightError, FileNotFoundError)
+
+
+def report_user_error(error: BaseException) -> None:
+    """Rank 0: the whole message; other ranks: its first line, naming the rank."""
+    rank = int(os.environ.get("RANK", "0"))
+    message = f"{type(error).__name__}: {error}"
+    if rank != 0:
+        message = f"[rank {rank}] " + message.splitlines()[0]
+    print(message, file=sys.stderr, flush=True)
 
 
 def cli() -> None:

@@ -173,6 +173,10 @@ class LoopConfig:
     skip_batches: List[int] = field(default_factory=list)
     """Global batch indices to pass over without training (consumed, not learned from), e.g. the batches of
     a NaN blow-up as its skipped_step events name them; recorded in the checkpoint's trainer state."""
+    preflight: bool = True
+    """Plan the run for the devices it sees before building anything and stop if it cannot fit (trainer/preflight.py)."""
+    preflight_memory_gib: Optional[float] = None
+    """Memory per device the preflight plans for; None = what the device has (GPU memory, or the host's RAM)."""
 
 
 @dataclass
@@ -194,6 +198,9 @@ class TrainConfig:
     run_dir: Optional[str] = None
     """Where metrics, checkpoints, W&B files and Hydra's own .hydra/ go; None = Hydra's output
     directory (outputs/<date>/<time>, or $HYBRID_RUN_DIR)."""
+    data_requirement: Optional[str] = None
+    """What corpus and tokenizer the experiment trains on; set, a run on the builtin corpus and tokenizer
+    without data.prepared_dir stops with it (the paper-sized experiments set it)."""
 
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

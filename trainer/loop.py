@@ -56,9 +56,10 @@ from trainer.heartbeat import raise_if_collective_timeout
 from trainer.hf_init import adopt_hf_architecture, load_hf_weights
 from trainer.metrics import MetricsLogger
 from trainer.optim import build_optimizer, lr_at, set_lr
+from trainer.preflight import PlanCheck, preflight
 from trainer.quant_report import QuantDiagnostics
 from trainer.run_info import write_run_description
-from trainer.validate import validate_train_config
+from trainer.validate import ConfigError, check_data_requirement, validate_train_config
 
 __all__ = ["Callback", "StepContext", "TrainState", "build_model_on", "evaluate", "train", "train_step"]
 
@@ -66,14 +67,16 @@ __all__ = ["Callback", "StepContext", "TrainState", "build_model_on", "evaluate"
 def train(cfg: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict:
     """Run training as configured. Returns a summary (final step, losses, run dir, ...)."""
     validate_train_config(cfg)  # every field in range before any process group, data or model
+    run_plan = preflight(cfg)  # planned for the devices seen: a run that cannot fit stops here
+    check_data_requirement(cfg)
     env = init_distributed(cfg.parallel)
     try:
-        return _train(cfg, env, list(callbacks))
+        return _train(cfg, env, list(callbacks), run_plan)
     finally:
         shutdown()
 
 
-def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback]) -> dict:
+def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_plan=None) -> dict:
     from data import build_tokenizer, build_train_loader, build_validation_batches
     from models.flops import flops_per_token
     from models.quant.recipe import apply_precision
@@ -126,13 +129,13 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback]) -> di
 
     logger = MetricsLogger(cfg, run_dir, env.is_main, cfg.train.steps, start_step=state.step)
     _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer, resume_from, saved, state,
-              accumulation=accumulation, tokens_per_step=tokens_per_step)
+              accumulation=accumulation, tokens_per_step=tokens_per_step, run_plan=run_plan)
     step_log = StepLog(logger, Evaluator(model, validation, cfg.train.eval_every, autocast, env.device),
                        cfg.logging.log_every, env.device, env.world_size,
                        flops_per_token(cfg.model, cfg.data.seq_len),
                        bf16_peak_flops(env.device) if env.device.type == "cuda" else None, window=log_window)
     diagnostics = QuantDiagnostics(model, plan, cfg.logging.quant_diagnostics_every, logger, run_dir, env.is_main)
-    callbacks = [precision, DiagnosticsCallback(diagnostics), *user_callbacks]
+    callbacks = [precision, DiagnosticsCallback(diagnostics), PlanCheck(run_plan), *user_callbacks]
     run_micro_step = _graphed_micro_step(cfg, env, plan, model, autocast, accumulation, diagnostics, state, logger)
     ctx = StepContext(cfg, env, model, optimizer, state, logger)
     preemption = PreemptionFlag(env.device)
@@ -218,13 +221,13 @@ def _adopt_hf_architecture(cfg: TrainConfig, env: DistEnv) -> TrainConfig:
 def _batch_arithmetic(cfg: TrainConfig, env: DistEnv, vocab_size: int):
     """(gradient-accumulation steps, tokens per step); errors name the fields to change."""
     if vocab_size > cfg.model.vocab_size:
-        raise ValueError(
+        raise ConfigError(
             f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's vocabulary "
             f"({vocab_size}); raise model.vocab_size or pick another data.tokenizer"
         )
     micro, global_batch = cfg.train.micro_batch_size, cfg.train.global_batch_size
     if global_batch % (micro * env.world_size):
-        raise ValueError(
+        raise ConfigError(
             f"train.global_batch_size ({global_batch}) must be a multiple of train.micro_batch_size ({micro}) "
             f"x data-parallel ranks ({env.world_size})"
         )
@@ -239,8 +242,10 @@ def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer,
     plan_text = plan.render()
     print(plan_text, flush=True)
     (run_dir / "precision_plan.txt").write_text(plan_text + "\n")
-    write_run_description(cfg, run_dir, world_size=env.world_size, device=env.device, tokenizer=tokenizer.record)
-    logger.log_config_extra({"precision_plan": plan.summary(), "parallel_applied": applied,
+    run_plan = config_extra["run_plan"].as_dict() if config_extra["run_plan"] is not None else None
+    write_run_description(cfg, run_dir, world_size=env.world_size, device=env.device, tokenizer=tokenizer.record,
+                          plan=run_plan)
+    logger.log_config_extra({"precision_plan": plan.summary(), "parallel_applied": applied, "run_plan": run_plan,
                              "gradient_accumulation": config_extra["accumulation"],
                              "tokens_per_step": config_extra["tokens_per_step"]})
     for moved, reason in checkpointer.set_aside:

@@ -6,8 +6,10 @@
                             reads it back.
 `<run dir>/run_info.json`   how it was started: command line, working directory, git commit of
                             the source tree (with a dirty flag), package versions, host, devices,
-                            world size, tokenizer identity. (Not run.json: the study runner,
-                            scripts/run_study.py, keeps its own record of a run under that name.)
+                            world size, tokenizer identity, and the run plan the preflight made
+                            (trainer/preflight.py: memory per device by part, step time,
+                            throughput; null with train.preflight=false). (Not run.json: the study
+                            runner, scripts/run_study.py, keeps its own record of a run under that name.)
 
 `precision_plan.txt` (loop.py) completes the picture. A restart with the same run_dir rewrites
 both files (events.jsonl records each resume), so they describe the latest start.
@@ -58,7 +60,7 @@ def git_state(source: Path) -> Optional[dict]:
     return {"commit": commit, "dirty": bool(changes), "root": git("rev-parse", "--show-toplevel")}
 
 
-def describe_run(cfg, *, world_size: int, device, tokenizer: Optional[dict] = None) -> dict:
+def describe_run(cfg, *, world_size: int, device, tokenizer: Optional[dict] = None, plan: Optional[dict] = None) -> dict:
     """The contents of run_info.json."""
     import torch
 
@@ -82,6 +84,7 @@ def describe_run(cfg, *, world_size: int, device, tokenizer: Optional[dict] = No
         "cuda_devices": devices,
         "cuda": torch.version.cuda,
         "tokenizer": tokenizer,
+        "plan": plan,
     }
 
 
@@ -92,9 +95,10 @@ def config_yaml(cfg) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
 
 
-def write_run_description(cfg, run_dir: Path, *, world_size: int, device, tokenizer: Optional[dict] = None) -> None:
+def write_run_description(cfg, run_dir: Path, *, world_size: int, device, tokenizer: Optional[dict] = None,
+                          plan: Optional[dict] = None) -> None:
     """Write config.yaml and run_info.json into `run_dir` (rank 0 only)."""
     run_dir = Path(run_dir)
     (run_dir / "config.yaml").write_text(config_yaml(cfg))
-    description = describe_run(cfg, world_size=world_size, device=device, tokenizer=tokenizer)
+    description = describe_run(cfg, world_size=world_size, device=device, tokenizer=tokenizer, plan=plan)
     (run_dir / "run_info.json").write_text(json.dumps(description, indent=1) + "\n")

@@ -69,6 +69,9 @@ def _validate_loop(cfg: TrainConfig) -> None:
         )
     _require(_finite(train.spike_factor) and train.spike_factor > 1.0, "train.spike_factor", train.spike_factor,
              "a finite number > 1 (a spike is a loss this many times its running mean)")
+    if train.preflight_memory_gib is not None:
+        _require(_finite(train.preflight_memory_gib) and train.preflight_memory_gib > 0, "train.preflight_memory_gib",
+                 train.preflight_memory_gib, "a number of GiB > 0, or null (the device's own memory)")
     for index, batch in enumerate(train.skip_batches):
         _require(_is_int(batch) and batch >= 0, f"train.skip_batches[{index}]", batch,
                  "a global batch index >= 0 (as in the 'batch' field of skipped_step events)")
@@ -147,3 +150,16 @@ def _validate_components(cfg: TrainConfig) -> None:
             validate()
         except ValueError as error:
             raise ConfigError(str(error)) from error
+
+
+def check_data_requirement(cfg: TrainConfig) -> None:
+    """An experiment that names its data (``data_requirement``) refuses the builtin corpus and tokenizer.
+
+    Runs after the preflight (trainer.loop.train): a run that cannot fit says so first. A run that gives
+    data.prepared_dir, its own sources or its own tokenizer has chosen its data and passes.
+    """
+    data = cfg.data
+    on_builtin = data.tokenizer == "builtin" and all(source.kind == "builtin" for source in data.sources)
+    if cfg.data_requirement and data.prepared_dir is None and on_builtin:
+        raise ConfigError(f"data.prepared_dir is not set: experiment {cfg.name!r} trains on {cfg.data_requirement} "
+                          f"(the builtin corpus and tokenizer are for small runs)")

@@ -1,4 +1,4 @@
-"""reports.gemm_costs and reports.gemm_report (scripts/gemm_report.py): the cost model against hand arithmetic, the recipe marks, the table and the CSV."""
+"""trainer.planning.gemm_costs and reports.gemm_report (scripts/gemm_report.py): the cost model against hand arithmetic, the recipe marks, the table and the CSV."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from model_12b import config_12b
-from reports import gemm_costs, gemm_report
+from reports import gemm_report
+from trainer.planning import gemm_costs
 from scripts_testing import run_script
 from trainer.hardware import GPUS
 
@@ -169,7 +170,7 @@ def test_measure_times_small_config_on_gpu(capsys):
 def test_cost_model_reads_the_format_registry():
     """Bytes and block sizes come from models.quant's FormatSpec entries, under the report's names."""
     from models.quant.format_registry import FORMAT_SPECS
-    from reports.gemm_costs import FORMAT_COSTS, RECIPE_FORMATS
+    from trainer.planning.gemm_costs import FORMAT_COSTS, RECIPE_FORMATS
 
     for name, spec in FORMAT_SPECS.items():
         cost = FORMAT_COSTS[RECIPE_FORMATS[name]]

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Dict, Optional
 
+from models.config import ModelConfig
 from models.gemms import ATTENTION_KIND, Gemm
 from models.quant.format_registry import FORMAT_SPECS, FormatSpec, OperandCosts
 from trainer.hardware import GpuSpec
@@ -184,3 +185,25 @@ def costs_for_recipe(precision) -> Dict[str, FormatCost]:
             label="NVFP4 (E2M1, 1x16 E4M3 scales, 1D weights + fp32 tensor scale)",
         )
     return costs
+
+
+def recipe_gemm_formats(cfg: ModelConfig, precision) -> Dict[str, Dict[str, str]]:
+    """Linear name -> {fprop|dgrad|wgrad: report format or 'bf16'} as the trainer's precision pass plans it.
+
+    Builds the model on the meta device (no memory) and asks models.quant.recipe.plan_layers, so the
+    report and the trainer agree on every layer by construction.
+    """
+    import torch
+
+    from models import build_model
+    from models.quant.recipe import plan_layers
+
+    if precision.format not in RECIPE_FORMATS:
+        raise ValueError(f"precision.format {precision.format!r} has no cost model; known: {sorted(RECIPE_FORMATS)}")
+    with torch.device("meta"):
+        model = build_model(cfg)
+    plans = plan_layers(model, precision)
+    return {
+        plan.name: {gemm: (RECIPE_FORMATS[fmt] if fmt != "bf16" else "bf16") for gemm, fmt in plan.gemm_formats.items()}
+        for plan in plans
+    }
