@@ -1,6 +1,6 @@
 """Independent oracles for the low-precision formats: numpy fp32 arithmetic plus ml_dtypes casts.
 
-Written from the formulas in DESIGN.md / the OCP MX spec / TE's recipe code, without calling
+Written from the NVFP4 formulas of docs/numerics.md, the OCP MX spec and TE's recipe code, without calling
 models.quant: E2M1, E4M3 and E8M0 rounding come from ml_dtypes (round half to even), scalar
 arithmetic is numpy float32 (IEEE), powers of two come from bit fields or np.frexp.
 """
@@ -58,7 +58,7 @@ def e2m1_stochastic(values: np.ndarray, uniform: np.ndarray) -> np.ndarray:
 
 
 def nvfp4(x: np.ndarray, tile=(1, 16), uniform=None):
-    """DESIGN.md's NVFP4 formulas. Returns dict: xhat, scaled (q*s_b), q, codes (RNE only), s_b, decode."""
+    """The NVFP4 formulas of docs/numerics.md. Returns dict: xhat, scaled (q*s_b), q, codes (RNE only), s_b, decode."""
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         amax = F32(np.max(np.abs(x)))
         encode = F32(F32(448.0 * 6.0) / amax)
@@ -188,3 +188,4 @@ def fresh_input(rows: int, cols: int, scale: float, dtype: torch.dtype, *, block
     row = torch.randint(0, rows, (1,)).item()
     x[row, cols - block :] = 0.0  # an all-zero block
     return x.to(dtype)
+
