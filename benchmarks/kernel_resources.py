@@ -1,6 +1,6 @@
 """What the quantization kernels compile to, without a GPU (scripts/kernel_resources.py).
 
-Each kernel variant (NVFP4's two amax passes and its quantize kernels) at its default launch
+Each kernel variant (NVFP4's two amax passes and its quantize kernels, MXFP4's quantize kernels) at its default launch
 configuration (models.quant.kernels.options) is compiled by the installed Triton for a CUDA target
 (sm_90a by default: the H200),
 with the specializations a launch on real tensors gets (16-divisible pointers and sizes), then
@@ -23,8 +23,8 @@ from typing import List
 
 import torch
 
-from models.quant.kernels import nvfp4, nvfp4_amax
-from models.quant.kernels.options import NVFP4_OPTIONS
+from models.quant.kernels import mx, nvfp4, nvfp4_amax
+from models.quant.kernels.options import MX_OPTIONS, NVFP4_OPTIONS
 from models.quant.kernels.triton_common import bf16_rounding_mode, require_triton
 
 POINTER_DTYPES = {"bf16": "*bf16", "fp32": "*fp32"}
@@ -132,6 +132,24 @@ def _amax_variant(input_dtype: str, *, rht: bool, capability: int, plain_amax: b
     return _compile(nvfp4_amax._amax_chunks_kernel, signature, dict(BLOCK=block, UNROLL=unroll), warps, capability)
 
 
+def _mx_rows_variant(input_dtype: str, *, stochastic: bool, capability: int, narrow: bool = False):
+    block_r, block_c, warps = MX_OPTIONS.rows_narrow if narrow else MX_OPTIONS.rows
+    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
+                 "scales_ptr": "*u8", "seed_ptr": "*i64", "rows": "i32", "cols": "i32"}
+    constexprs = dict(BLOCK_R=block_r, BLOCK_C=block_c, STOCHASTIC=stochastic, WRITE_CODES=False)
+    return _compile(mx._quantize_rows_kernel, signature, constexprs, warps, capability)
+
+
+def _mx_columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capability: int):
+    groups, block_c, warps = MX_OPTIONS.columns_stochastic if stochastic else MX_OPTIONS.columns
+    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
+                 "scales_ptr": "*u8", "seed_ptr": "*i64", "groups": "i32", "cols": "i32"}
+    constexprs = dict(GROUPS=groups, BLOCK_C=block_c, RHT=rht,
+                      ROUND_BF16=_bf16_rounding_constexpr(input_dtype, MX_OPTIONS.bf16_rounding),
+                      STOCHASTIC=stochastic, WRITE_CODES=False)
+    return _compile(mx._quantize_columns_kernel, signature, constexprs, warps, capability)
+
+
 VARIANTS = {
     "amax": lambda dtype, cc: _amax_variant(dtype, rht=False, capability=cc),
     "amax RHT": lambda dtype, cc: _amax_variant(dtype, rht=True, capability=cc),
@@ -147,6 +165,14 @@ VARIANTS = {
     "columns 16x1 SR": lambda dtype, cc: _columns_variant(dtype, rht=False, stochastic=True, capability=cc),
     "columns 16x1 RHT RNE": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=False, capability=cc),
     "columns 16x1 RHT SR": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=True, capability=cc),
+    "mx rows 1x32 RNE": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=False, capability=cc),
+    "mx rows 1x32 SR": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=True, capability=cc),
+    "mx rows 1x32 RNE, narrow": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=False, capability=cc, narrow=True),
+    "mx rows 1x32 SR, narrow": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=True, capability=cc, narrow=True),
+    "mx columns 32x1 RNE": lambda dtype, cc: _mx_columns_variant(dtype, rht=False, stochastic=False, capability=cc),
+    "mx columns 32x1 SR": lambda dtype, cc: _mx_columns_variant(dtype, rht=False, stochastic=True, capability=cc),
+    "mx columns 32x1 RHT RNE": lambda dtype, cc: _mx_columns_variant(dtype, rht=True, stochastic=False, capability=cc),
+    "mx columns 32x1 RHT SR": lambda dtype, cc: _mx_columns_variant(dtype, rht=True, stochastic=True, capability=cc),
 }
 
 
@@ -165,9 +191,9 @@ def kernel_resources(input_dtypes=("bf16", "fp32"), capability: int = 90, names=
 
 
 def render(rows: List[KernelResources]) -> List[str]:
-    lines = [f"{'kernel':24s} {'input':>5s} {'registers':>9s} {'spill B':>7s} {'local ops':>9s} {'SASS':>6s} "
+    lines = [f"{'kernel':26s} {'input':>5s} {'registers':>9s} {'spill B':>7s} {'local ops':>9s} {'SASS':>6s} "
              f"{'barriers':>8s}"]
     for row in rows:
-        lines.append(f"{row.name:24s} {row.input_dtype:>5s} {row.registers:9d} {row.spill_bytes:7d} "
+        lines.append(f"{row.name:26s} {row.input_dtype:>5s} {row.registers:9d} {row.spill_bytes:7d} "
                      f"{row.local_memory_instructions:9d} {row.sass_instructions:6d} {row.barriers:8d}")
     return lines

@@ -173,6 +173,7 @@ FORMAT_SPECS: Dict[str, FormatSpec] = {
             "mxfp4", "MXFP4 (E2M1, 1x32 E8M0 scales)", ELEMENT_FORMATS["mxfp4"], block_edge=32,
             linear_spec=lambda cfg, **gemms: gemm_spec.mxfp4_linear_spec(
                 wgrad_rht=cfg.wgrad_rht, stochastic_rounding=cfg.gradient_stochastic_rounding, **gemms),
+            quantize_kernel="mx",
             element_bytes=0.5, vector_block=32, vector_scale_bytes=1, weight_block=32, weight_scale_bytes=1,
             weight_transpose_invariant=False, peak_key="nvfp4",
         ),

@@ -34,7 +34,7 @@ writes every micro-batch (``QuantizedLinear.sr_seed``), offset per operand by th
 operand's name ('Dgrad dY', 'Wgrad dY^T', ...) so no two operands of a layer share draws, else
 torch's global RNG. The seed tensor enters torch.compile and CUDA graphs as a plain input; the
 torch path turns it into a Generator (one host read, eager code only). On CUDA with Triton an
-operand whose element format names a kernel module (``FormatSpec.quantize_kernel``: NVFP4) goes
+operand whose element format names a kernel module (``FormatSpec.quantize_kernel``: NVFP4, MXFP4) goes
 through that module of ``models.quant.kernels`` (bit-identical for RNE; Philox keyed by the seed),
 unless ``models.quant.kernels.use_triton(False)``; the layer holds no format's name.
 

@@ -1,4 +1,4 @@
-"""The NVFP4 quantization kernels compile for the H200 (sm_90a) without spilling registers, checked
+"""The NVFP4 and MXFP4 quantization kernels compile for the H200 (sm_90a) without spilling registers, checked
 on the CPU (benchmarks/kernel_resources.py: Triton compiles, its bundled ptxas assembles).
 
 A change that made the kernels faster once made the 2D one spill under Triton 3.6 (255 registers,
@@ -24,7 +24,7 @@ def _check(rows) -> None:
     from benchmarks.kernel_resources import VARIANTS
 
     by_name = {(row.name, row.input_dtype): row for row in rows}
-    assert len(by_name) == 2 * len(VARIANTS) == 24, sorted(by_name)
+    assert len(by_name) == 2 * len(VARIANTS) == 40, sorted(by_name)
     for row in rows:
         assert row.spill_bytes == 0 and row.local_memory_instructions == 0, row
         assert row.registers <= 128, row
@@ -38,6 +38,8 @@ def _check(rows) -> None:
         # RNE moves nothing there: a barrier in it would mean a layout change to look at.
         assert by_name[("columns 16x1 RNE", dtype)].barriers == 0, by_name
         assert by_name[("columns 16x1 RHT RNE", dtype)].barriers == 0, by_name
+        for name in ("mx columns 32x1 RNE", "mx columns 32x1 RHT RNE", "mx columns 32x1 RHT SR"):
+            assert by_name[(name, dtype)].barriers == 0, by_name
 
 
 def test_kernels_compile_without_spills_with_the_installed_triton():

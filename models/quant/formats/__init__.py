@@ -125,8 +125,15 @@ def _input_max(x: torch.Tensor) -> float:
     return float(torch.finfo(x.dtype).max)
 
 
-def _uniforms(x2d: torch.Tensor, rounding: str, generator) -> Optional[torch.Tensor]:
-    """One uniform per element for stochastic rounding, torch.rand(rows, cols) row-major; else None."""
+def _uniforms(x2d: torch.Tensor, rounding: str, generator, given: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """One uniform per element for stochastic rounding: ``given``, else torch.rand(rows, cols)
+    row-major; None for round to nearest."""
+    if given is not None:
+        if rounding != "stochastic" or given.shape != x2d.shape or given.dtype != torch.float32 \
+                or given.device != x2d.device:
+            raise ValueError(f"uniform must be fp32 {list(x2d.shape)} on {x2d.device} with rounding='stochastic', got "
+                             f"{given.dtype} {list(given.shape)} on {given.device} with rounding={rounding!r}")
+        return given
     if rounding != "stochastic":
         return None
     return torch.rand(x2d.shape, generator=generator, device=x2d.device, dtype=torch.float32)
@@ -152,17 +159,19 @@ def quantize(
     generator: Optional[torch.Generator] = None,
     power_of_two_scales: bool = True,
     name: Optional[str] = None,
+    uniform: Optional[torch.Tensor] = None,
 ) -> QuantizedTensor:
     """Quantize ``x`` (fp32/bf16/fp16, any shape, blocks along the last dim) to ``fmt``.
 
     ``tile``: None for the format's default, else one of its ``ElementFormat.allowed_tiles``.
     ``rounding``: "nearest" (RNE) or "stochastic" (E2M1 formats; uniforms from ``generator``,
-    torch's global RNG when None). ``power_of_two_scales``: fp8_block only. ``name`` (e.g. the
-    layer) prefixes shape errors.
+    torch's global RNG when None, or ``uniform``: fp32 [rows, cols] of x's 2D view, one per
+    element, for a reference that rounds with given draws). ``power_of_two_scales``: fp8_block
+    only. ``name`` (e.g. the layer) prefixes shape errors.
     """
     tile = _checked_tile(x, fmt, tile, rounding, name)
     x2d = x.reshape(-1, x.shape[-1])
-    uniform = _uniforms(x2d, rounding, generator)
+    uniform = _uniforms(x2d, rounding, generator, uniform)
 
     encoded = QUANTIZERS[fmt].codes(x2d, tile, rounding, uniform, power_of_two_scales, _input_max(x))
     return QuantizedTensor(
@@ -183,7 +192,7 @@ def _scaled_values_fp32(
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(q * s_b as fp32 [rows, cols], per-tensor decode scale or None): the values path of quantize()."""
     x2d = x.reshape(-1, x.shape[-1])
-    uniform = _uniforms(x2d, rounding, generator)
+    uniform = _uniforms(x2d, rounding, generator, None)
     if uniform is not None:
         uniform = _laid_out_like(uniform, x2d)
     values, tensor_scale = QUANTIZERS[fmt].values(x2d, tile, rounding, uniform, power_of_two_scales, _input_max(x))

@@ -5,6 +5,7 @@
     fp4_common      jit helpers of the E2M1 families: E2M1 rounding, stochastic rounding's bits, the RHT
     nvfp4           NVFP4 quantize kernels (rows 1x16, 2D 16x16, columns 16x1 with or without the RHT)
     nvfp4_amax      NVFP4's per-tensor amax passes (its global scales)
+    mx              MXFP4 quantize kernels (rows 1x32, columns 32x1 with or without the RHT)
     fp8             blockwise / per-tensor FP8 for the native FP8 layer (models.quant.fp8_torch)
     epilogue        the emulated GEMM's output scaling
 
@@ -20,5 +21,5 @@ Importing this package imports Triton (where installed); ``models.quant.linear``
 for CUDA tensors. Without Triton everything imports and ``has_triton()`` is False.
 """
 
-from models.quant.kernels import epilogue, fp8, nvfp4, nvfp4_amax, options  # noqa: F401 - the families
+from models.quant.kernels import epilogue, fp8, mx, nvfp4, nvfp4_amax, options  # noqa: F401 - the families
 from models.quant.kernels.triton_common import INSTALL_HINT, enabled, has_triton, use_triton  # noqa: F401

@@ -122,6 +122,35 @@ class EpilogueOptions:
         _check_launches(self)
 
 
+@dataclass(frozen=True)
+class MxOptions:
+    """models.quant.kernels.mx."""
+
+    rows: Launch = (16, 256, 4)
+    """The 1x32 rows kernel (tile cols a multiple of 32)."""
+    rows_narrow: Launch = (32, 128, 4)
+    """The rows kernel where ``rows``' tile width does not divide cols."""
+    columns: Launch = (2, 128, 8)
+    """(groups of 32 rows, cols, num_warps) of the 32x1 columns kernels."""
+    columns_stochastic: Launch = (1, 128, 4)
+    """The columns kernels with stochastic rounding."""
+    bf16_rounding: str = "hardware"
+    """As ``Nvfp4Options.bf16_rounding``, for the RHT of the Wgrad operands."""
+
+    def __post_init__(self):
+        _check_launches(self)
+        if self.bf16_rounding not in BF16_ROUNDINGS:
+            raise ValueError(f"MxOptions.bf16_rounding must be one of {BF16_ROUNDINGS}, got {self.bf16_rounding!r}")
+        for name in ("rows", "rows_narrow"):
+            if getattr(self, name)[1] % 32:
+                raise ValueError(f"MxOptions.{name}: tile cols must be a multiple of 32, got {getattr(self, name)}")
+
+    def rows_launch(self, cols: int) -> Launch:
+        """The rows kernel's launch for a tensor ``cols`` wide."""
+        return self.rows if cols % self.rows[1] == 0 else self.rows_narrow
+
+
 NVFP4_OPTIONS = Nvfp4Options()
 FP8_OPTIONS = Fp8Options()
 EPILOGUE_OPTIONS = EpilogueOptions()
+MX_OPTIONS = MxOptions()

@@ -23,11 +23,11 @@ import quant_oracles as oracle
 from models.quant import kernels
 from models.quant.formats import E2M1_GRID, quantize
 from models.quant.fp8_operand import Fp8Operand
-from models.quant.kernels import epilogue, nvfp4, nvfp4_amax
+from models.quant.kernels import epilogue, mx, nvfp4, nvfp4_amax
 from models.quant.kernels import fp8 as fp8_kernels
 from models.quant.kernels.fp8 import quantize_ref as fp8_quantize_ref
 from models.quant.kernels.nvfp4 import quantize_columns_ref, quantize_rows_ref
-from models.quant.kernels.options import NVFP4_OPTIONS, Fp8Options
+from models.quant.kernels.options import MX_OPTIONS, NVFP4_OPTIONS, Fp8Options
 from models.quant.rht import rht
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
@@ -332,10 +332,112 @@ def check_fp8_quantize_ops() -> None:
                 same_bits(got, want, what)
 
 
+# ------------------------------------------------------------------------------------------------
+# MXFP4 (kernels.mx): bit for bit against quantize(..., "mxfp4"), stochastic rounding included,
+# given the uniforms of the kernels' Philox draw re-implemented in numpy (quant_oracles).
+
+
+def compare_mx(out, reference, transposed: bool, what: str) -> None:
+    view = (lambda t: t.t()) if transposed else (lambda t: t)
+    same_bits(view(out.values), reference.scaled_values(out.values.dtype), f"{what} values")
+    assert torch.equal(view(out.block_scales.view(torch.uint8)), reference.block_scales.view(torch.uint8)), \
+        f"{what} E8M0 scales"
+    assert torch.equal(view(out.codes), reference.codes), f"{what} codes"
+
+
+def _mx_input(rows: int, cols: int, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """fresh_input in 32-element blocks, plus a block of the smallest scale, 2^-127 (amax in
+    [2^-126, 2^-124): subnormal scaled values q * X), and for fp32 a block of subnormal inputs (the
+    interpreter mis-loads bf16 subnormals: those are the GPU tests' to check)."""
+    x = oracle.fresh_input(rows, cols, scale, torch.float32, block=32)
+    x[rows // 3, 64:96] = torch.randn(32).sign() * (1 + 3 * torch.rand(32)) * 2.0**-126
+    if dtype == torch.float32:
+        x[rows // 2, 32:64] *= 2.0**-140 / scale
+    return x.to(dtype)
+
+
+def check_mx_round_to_nearest() -> None:
+    # 32 x 608: the narrow launch (608 is not a multiple of 256), partial 128-wide tiles.
+    for rows, cols, scale, dtype, out_dtypes in [(64, 96, 1.0, torch.bfloat16, (torch.bfloat16, torch.float32)),
+                                                 (64, 96, 1.0, torch.float32, (torch.bfloat16, torch.float32)),
+                                                 (32, 608, 2.0**-100, torch.float32, (torch.float32,)),
+                                                 (64, 160, 2.0**100, torch.bfloat16, (torch.bfloat16,))]:
+        x = _mx_input(rows, cols, scale, dtype)
+        what = f"mx {rows}x{cols} {dtype} scale {scale}"
+        for out_dtype in out_dtypes:
+            compare_mx(mx.quantize_rows(x, write_codes=True, out_dtype=out_dtype), mx.quantize_rows_ref(x), False,
+                       f"rows {what} -> {out_dtype}")
+            for use_rht in (False, True):
+                compare_mx(mx.quantize_columns(x, rht=use_rht, write_codes=True, out_dtype=out_dtype),
+                           mx.quantize_columns_ref(x, rht=use_rht), True, f"columns rht={use_rht} {what} -> {out_dtype}")
+    x = _mx_input(64, 160, 1.0, torch.bfloat16)
+    options = dataclasses.replace(MX_OPTIONS, rows=(32, 64, 2), rows_narrow=(16, 32, 1), columns=(2, 32, 1))
+    compare_mx(mx.quantize_rows(x, write_codes=True, options=options), mx.quantize_rows_ref(x), False, "rows, other launch")
+    compare_mx(mx.quantize_columns(x, rht=True, write_codes=True, options=options), mx.quantize_columns_ref(x, rht=True),
+               True, "columns RHT, other launch")
+    integer = dataclasses.replace(MX_OPTIONS, bf16_rounding="integer")
+    compare_mx(mx.quantize_columns(x, rht=True, write_codes=True, options=integer), mx.quantize_columns_ref(x, rht=True),
+               True, "columns RHT, integer bf16 rounding")
+
+
+def check_mx_ties_and_non_finite() -> None:
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    block0 = [3.0] + [t / 2 for t in ties] + [-t / 2 for t in ties] + [0.0] + [-0.0] * 16
+    rows = [block0, [17 / 64] * 32, [6.5] + [1.0] * 31, [2.0**-130] * 32, [7.0] + [0.0] * 31]
+    x = torch.tensor(rows).reshape(1, 160).repeat(32, 1)
+    compare_mx(mx.quantize_rows(x, write_codes=True), mx.quantize_rows_ref(x), False, "mx ties rows")
+    compare_mx(mx.quantize_columns(x.t().contiguous(), write_codes=True), mx.quantize_rows_ref(x), True,
+               "mx ties columns")
+    for bad in (math.nan, math.inf, -math.inf):
+        x = _mx_input(64, 96, 1.0, torch.bfloat16)
+        x[7, 9] = bad
+        x[40, 70] = bad
+        compare_mx(mx.quantize_rows(x, write_codes=True), mx.quantize_rows_ref(x), False, f"mx rows with {bad}")
+        compare_mx(mx.quantize_columns(x, rht=True, write_codes=True), mx.quantize_columns_ref(x, rht=True), True,
+                   f"mx columns RHT with {bad}")
+        values = mx.quantize_rows(x).values.float()
+        assert values[7, :32].isnan().all() and not values[7, 32:].isnan().any(), bad  # that block only
+
+
+def check_mx_stochastic_rounding() -> None:
+    """The kernels' stochastic rounding equals the reference's given the uniforms of the documented
+    Philox draw (re-implemented in numpy); the seed's high 32 bits count; another seed, other draws."""
+    for rows, cols, dtype, seed in [(64, 96, torch.bfloat16, 7), (32, 608, torch.float32, 2**40 + 12345)]:
+        x = _mx_input(rows, cols, 3.0, dtype)
+        what = f"mx SR {rows}x{cols} {dtype} seed {seed}"
+        compare_mx(mx.quantize_rows(x, stochastic=True, seed=seed, write_codes=True),
+                   mx.quantize_rows_ref(x, uniform=oracle.mx_rows_uniforms(seed, rows, cols)), False, f"rows {what}")
+        for use_rht in (False, True):
+            compare_mx(mx.quantize_columns(x, rht=use_rht, stochastic=True, seed=seed, write_codes=True),
+                       mx.quantize_columns_ref(x, rht=use_rht, uniform=oracle.mx_columns_uniforms(seed, rows, cols)),
+                       True, f"columns rht={use_rht} {what}")
+    x = _mx_input(32, 96, 3.0, torch.bfloat16)
+    low, high = (mx.quantize_rows(x, stochastic=True, seed=seed, write_codes=True).codes for seed in (5, 5 + 2**32))
+    assert not torch.equal(low, high), "the seed's high 32 bits are ignored"
+
+
+def check_mx_operand_interface() -> None:
+    """kernels.mx.quantize_operand, as QuantLinear calls it, against formats.quantize_scaled_values of
+    the operand: Fprop X and W (rows), Dgrad W^T (columns), Wgrad X^T (columns with the RHT)."""
+    from models.quant.formats import quantize_scaled_values
+    from models.quant.gemm_spec import OperandSpec
+
+    x = _mx_input(64, 96, 1.0, torch.bfloat16)
+    for spec, transpose in [(OperandSpec("mxfp4"), False), (OperandSpec("mxfp4"), True),
+                            (OperandSpec("mxfp4", rht=True), True)]:
+        values, decode = mx.quantize_operand(x, spec, transpose=transpose, seed=None, generator=None,
+                                             out_dtype=torch.bfloat16, scales=mx.shared_scales(x, spec, spec), name="op")
+        operand = x.t() if transpose else x
+        expected, expected_decode = quantize_scaled_values(rht(operand) if spec.rht else operand, "mxfp4")
+        assert decode is None and expected_decode is None
+        same_bits(values, expected, f"operand {spec.describe()} transpose={transpose}")
+
+
 CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_amax_passes, check_shared_scales_of_both_orientations,
           check_nvfp4_ties, check_e2m1_rounding_of_every_kind_of_value,
           check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise,
-          check_fp8_per_tensor, check_fp8_quantize_ops, check_gemm_output_epilogue]
+          check_fp8_per_tensor, check_fp8_quantize_ops, check_gemm_output_epilogue, check_mx_round_to_nearest,
+          check_mx_ties_and_non_finite, check_mx_stochastic_rounding, check_mx_operand_interface]
 
 if __name__ == "__main__":
     for check in CHECKS:

@@ -452,3 +452,18 @@ def test_values_path_never_builds_codes(monkeypatch):
             fake_quantize(x, fmt, rounding=rounding)
     with pytest.raises(AssertionError, match="built E2M1 codes"):
         quantize(x, "nvfp4")  # the codes path does, of course
+
+
+def test_given_uniforms_round_as_the_generators_draws():
+    """quantize(..., uniform=u) rounds with u exactly as with a generator that draws u (the form the
+    MX kernels' reference takes); a wrong shape or rounding is refused."""
+    x = torch.randn(8, 64)
+    for fmt in ("nvfp4", "mxfp4"):
+        drawn = quantize(x, fmt, rounding="stochastic", generator=torch.Generator().manual_seed(3))
+        uniform = torch.rand(8, 64, generator=torch.Generator().manual_seed(3))
+        given = quantize(x, fmt, rounding="stochastic", uniform=uniform)
+        assert torch.equal(given.codes, drawn.codes) and torch.equal(given.dequantize(), drawn.dequantize()), fmt
+    with pytest.raises(ValueError, match="uniform must be fp32"):
+        quantize(x, "mxfp4", rounding="stochastic", uniform=torch.rand(8, 32))
+    with pytest.raises(ValueError, match="rounding='stochastic'"):
+        quantize(x, "mxfp4", uniform=torch.rand(8, 64))
