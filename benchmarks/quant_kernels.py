@@ -1,4 +1,4 @@
-"""The NVFP4 quantize kernels against the HBM floor on the present GPU (scripts/bench_quant.py).
+"""The NVFP4 and MXFP4 quantize kernels against the HBM floor on the present GPU (scripts/bench_quant.py).
 
 For each kernel (1x16 rows, 2D 16x16, 16x1 columns along tokens, columns with RHT, and their
 stochastic-rounding variants) and for the plain-torch reference (eager and torch.compile), it times
@@ -13,8 +13,8 @@ The kernels run with a few launch configurations, each a variant of the default 
 (``dataclasses.replace(NVFP4_OPTIONS, ...)``, the default listed first); the best one per kernel
 (graphed) is marked with *. Rows also time the amax passes alone (against a read of x), the RHT
 kernels' two bf16 roundings, and an operand's two orientations with one shared amax pass against
-two. Before timing, each RNE kernel is checked bit for bit against its torch reference on the
-benchmark tensor.
+two; and the MXFP4 kernels (kernels.mx) at their default launches. Before timing, each RNE kernel
+is checked bit for bit against its torch reference on the benchmark tensor.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.timing import cuda_median_ms
 from models.quant import kernels
-from models.quant.kernels import nvfp4, nvfp4_amax
+from models.quant.kernels import mx, nvfp4, nvfp4_amax
 from models.quant.kernels.nvfp4 import quantize_columns_ref, quantize_rows_ref
 from models.quant.kernels.options import NVFP4_OPTIONS, Nvfp4Options
 
@@ -96,6 +96,8 @@ def check_identical(out, reference, transposed: bool) -> bool:
     expected_values = reference.scaled_values(out.values.dtype)
     same_values = torch.equal(values, expected_values)
     same_scales = torch.equal(scales, reference.block_scales.view(torch.uint8))
+    if not hasattr(out, "decode_scale"):  # MXFP4: no per-tensor scale
+        return bool(same_values and same_scales)
     same_decode = torch.equal(out.decode_scale.reshape(()), reference.tensor_scale)
     return bool(same_values and same_scales and same_decode)
 
@@ -209,6 +211,20 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
         measure("max|x| + RHT amax + finalize (read floor)",
                 lambda: nvfp4_amax.rows_and_rht_columns_scales(x, options=options), config=list(plain_config),
                 floor=read_floor_ms)
+
+    # --- MXFP4 (kernels.mx, default launches): one launch per call, no amax pass ------------------
+    if rows_count % 32 == 0 and cols % 32 == 0:  # MX blocks are 32 long, both ways
+        mx_rows, mx_columns_rht = mx.quantize_rows_ref(x), mx.quantize_columns_ref(x, rht=True)
+        mx_floor_ms = (x.numel() * x.element_size() + x.numel() * values_bytes + x.numel() // 32) / bandwidth * 1e3
+        measure("mx rows 1x32 RNE", lambda: mx.quantize_rows(x), identical=check_identical(mx.quantize_rows(x), mx_rows, False),
+                floor=mx_floor_ms)
+        measure("mx rows 1x32 SR", lambda: mx.quantize_rows(x, stochastic=True, seed=seed), floor=mx_floor_ms)
+        measure("mx columns 32x1 RNE (W^T)", lambda: mx.quantize_columns(x),
+                identical=check_identical(mx.quantize_columns(x), mx.quantize_columns_ref(x), True), floor=mx_floor_ms)
+        measure("mx columns 32x1 RHT RNE", lambda: mx.quantize_columns(x, rht=True),
+                identical=check_identical(mx.quantize_columns(x, rht=True), mx_columns_rht, True), floor=mx_floor_ms)
+        measure("mx columns 32x1 RHT SR", lambda: mx.quantize_columns(x, rht=True, stochastic=True, seed=seed),
+                floor=mx_floor_ms)
 
     # --- plain torch reference -----------------------------------------------------------------
     def reference_fn(tensor):

@@ -124,16 +124,19 @@ class EpilogueOptions:
 
 @dataclass(frozen=True)
 class MxOptions:
-    """models.quant.kernels.mx."""
+    """models.quant.kernels.mx. The launches hold NVFP4's 32 elements per thread (its launches of the
+    same shape were the fastest swept); not yet timed on their own. Triton 3.6 compiles them to at
+    most 80 registers (RNE) and 127 (the columns kernel with SR), without spills."""
 
     rows: Launch = (16, 256, 4)
     """The 1x32 rows kernel (tile cols a multiple of 32)."""
     rows_narrow: Launch = (32, 128, 4)
-    """The rows kernel where ``rows``' tile width does not divide cols."""
+    """The rows kernel where ``rows``' 256 does not divide cols (1152 = 4.5 x 256: the study's Mamba
+    in_proj), so that no tile is half masked."""
     columns: Launch = (2, 128, 8)
-    """(groups of 32 rows, cols, num_warps) of the 32x1 columns kernels."""
+    """(groups of 32 rows, cols, num_warps) of the 32x1 columns kernels, RNE."""
     columns_stochastic: Launch = (1, 128, 4)
-    """The columns kernels with stochastic rounding."""
+    """The columns kernels with stochastic rounding, whose Philox words take registers of their own."""
     bf16_rounding: str = "hardware"
     """As ``Nvfp4Options.bf16_rounding``, for the RHT of the Wgrad operands."""
 
