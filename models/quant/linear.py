@@ -222,8 +222,6 @@ def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
         return out.to(compute_dtype).to(result_dtype)
     out = _matmul_fp32_accumulate(a.values, b.values.t())
     decodes = [scale for scale in (a.decode, b.decode) if scale is not None]
-    if not decodes:
-        return out.to(compute_dtype).to(result_dtype)
     # Under torch.compile a bf16 result is left to plain torch ops, which Inductor fuses into the
     # kernel that consumes it (the activation, the residual add, the gradient's next op) instead of a
     # separate pass writing a bf16 copy; Wgrad's FP32 result keeps the kernel, which writes in place.
@@ -231,16 +229,17 @@ def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
     if _use_epilogue_kernel(out, compute_dtype, result_dtype) and not traced:
         from models.quant.kernels import epilogue
 
-        # One vectorized pass, the two decode scales multiplied inside it; the FP32 Wgrad is
-        # written in place over the fp32 GEMM output.
-        return epilogue.scale_gemm_output(out, decodes[0], compute_dtype, widen_to=result_dtype,
+        # One vectorized pass, the decode scales (none for MX formats) multiplied inside it; the
+        # FP32 Wgrad is written in place over the fp32 GEMM output.
+        return epilogue.scale_gemm_output(out, decodes[0] if decodes else None, compute_dtype, widen_to=result_dtype,
                                           decode_b=decodes[1] if len(decodes) == 2 else None)
     # (out * S_dec) in fp32, the two decode scales multiplied first (a's first), rounded once to the
     # compute dtype (torch.compile fuses the two; an out= of another dtype, which would do it in one
     # eager pass, is a graph break). bf16 is rounded on the bits: Inductor may drop the rounding of a
     # bf16 cast that it fuses into an fp32 consumer (models.quant.bf16_rounding).
-    decode = decodes[0] if len(decodes) == 1 else decodes[0] * decodes[1]
-    scaled = out.mul_(decode)
+    scaled = out
+    if decodes:
+        scaled = out.mul_(decodes[0] if len(decodes) == 1 else decodes[0] * decodes[1])
     if compute_dtype == torch.bfloat16:
         return round_to_bf16_by_bits(scaled).to(result_dtype)  # exact: already a bf16 value
     return scaled.to(compute_dtype).to(result_dtype)

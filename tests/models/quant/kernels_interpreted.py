@@ -294,6 +294,14 @@ def check_gemm_output_epilogue() -> None:
     widened = epilogue.scale_gemm_output(buffer, decode, torch.bfloat16, widen_to=torch.float32)
     assert widened.dtype == torch.float32 and widened.data_ptr() == buffer.data_ptr()
     same_bits(widened, torch.mul(out, decode, out=torch.empty(out.shape, dtype=torch.bfloat16)).float(), "widened")
+    # No decode scale (MX formats): the rounding alone, as the cast; widened in place too.
+    for dtype in (torch.bfloat16, torch.float16):
+        same_bits(epilogue.scale_gemm_output(out.clone(), None, dtype), out.to(dtype), f"epilogue, no scale, to {dtype}")
+    buffer = out.clone()
+    widened = epilogue.scale_gemm_output(buffer, None, torch.bfloat16, widen_to=torch.float32)
+    assert widened.data_ptr() == buffer.data_ptr()
+    same_bits(widened, out.to(torch.bfloat16).float(), "widened, no scale")
+    same_bits(epilogue.scale_gemm_output_ref(out, None, torch.bfloat16, widen_to=torch.float32), widened, "reference")
 
 
 def check_fp8_quantize_ops() -> None:

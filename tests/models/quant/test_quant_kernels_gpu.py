@@ -396,3 +396,10 @@ def test_gemm_output_epilogue_bit_identical(kernels, dtype):
         widened = kernels.epilogue.scale_gemm_output(buffer, decode, dtype, widen_to=torch.float32)
         assert widened.dtype == torch.float32 and widened.data_ptr() == buffer.data_ptr()  # in place
         _assert_bits_equal(widened, expected.float(), "epilogue widened to fp32")
+    # No decode scale (MX formats): the rounding alone.
+    no_scale = kernels.epilogue.scale_gemm_output(out.clone(), None, dtype)
+    _assert_bits_equal(no_scale, out.to(dtype), f"epilogue without a scale to {dtype}")
+    if dtype == torch.bfloat16:
+        buffer = out.clone()
+        widened = kernels.epilogue.scale_gemm_output(buffer, None, dtype, widen_to=torch.float32)
+        _assert_bits_equal(widened, out.to(dtype).float(), "epilogue without a scale widened to fp32")
