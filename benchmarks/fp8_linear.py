@@ -77,24 +77,27 @@ class LinearBenchmark:
     iters: int = 30
     weight_dtype: str = "bfloat16"
     quant_warps: List[int] = field(default_factory=lambda: [4, 8, 16])
-    quant_two_pass: List[tuple] = field(default_factory=lambda: [(), (32, 32), (64, 64)])
-    """Tile shapes (rows-pass tile rows, columns-pass tile cols) of the two-pass X / dY quantization timed
-    beside the module's default (fp8_kernels.TWO_PASS); () is the one-read kernel."""
+    quant_two_pass: List[tuple] = field(default_factory=lambda: [(32, 32), (64, 64), (128, 128)])
+    """Tile shapes (rows-pass tile rows, columns-pass tile cols) of the two-pass X / dY quantization
+    timed alone (``Fp8Options``; the layer runs the defaults, ``FP8_OPTIONS``)."""
     skip_te: bool = False
     skip_emulated: bool = False
     skip_reference_quantizer: bool = False
 
 
 def _layout(two_pass: tuple) -> str:
-    """How X and dY are read: 'one read' for (), else 'two passes r/c' (fp8_kernels.TWO_PASS)."""
-    return f"two passes {two_pass[0]}/{two_pass[1]}" if two_pass else "one read"
+    """How X and dY are read: the tile shapes of the rows and the columns pass."""
+    return f"two passes {two_pass[0]}/{two_pass[1]}"
 
 
 def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, notes: List[str]) -> List[dict]:
     """Every case of one shape (printing each as it is timed); rows for render() and the JSON."""
-    from models.quant import fp8_kernels, kernels
+    from models.quant import kernels
     from models.quant.fp8_torch import TorchFp8Linear, fp8_gemm, quantize_operands
-    from models.quant.linear import OperandSpec, QuantLinear, fp8_block_linear_spec, fp8_tensor_linear_spec
+    from models.quant.gemm_spec import OperandSpec, fp8_block_linear_spec, fp8_tensor_linear_spec
+    from models.quant.kernels import fp8 as fp8_kernels
+    from models.quant.kernels.options import FP8_OPTIONS, Fp8Options
+    from models.quant.linear import QuantLinear
 
     tokens = settings.tokens
     weight_dtype = getattr(torch, settings.weight_dtype)
@@ -132,13 +135,6 @@ def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, 
         time_layer("FP8 blockwise, torch backend (torch-ops quant)", fp8_block, autocast, triton_on=False)
     fp8_tensor = TorchFp8Linear.from_linear(base, fp8_tensor_linear_spec(), name=shape)
     time_layer("FP8 per-tensor, torch backend", fp8_tensor, autocast)
-    for two_pass in settings.quant_two_pass:  # X and dY quantized in two passes (fp8_kernels.TWO_PASS)
-        default, fp8_kernels.TWO_PASS = fp8_kernels.TWO_PASS, two_pass
-        try:
-            time_layer(f"FP8 blockwise, {_layout(two_pass)}", fp8_block, autocast)
-            time_layer(f"FP8 per-tensor, {_layout(two_pass)}", fp8_tensor, autocast)
-        finally:
-            fp8_kernels.TWO_PASS = default
     if not settings.skip_emulated:
         time_layer("FP8 blockwise, emulated (QuantLinear)", QuantLinear.from_linear(base, fp8_block_linear_spec(), name=shape),
                    autocast)
@@ -184,25 +180,28 @@ def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, 
                                  ("W [N, K] 128x128, W and W^T", base.weight.detach(), True),
                                  ("dY [T, N] rows + columns", grad_output, False)):
         best = None
-        for warps in settings.quant_warps:
-            ms = cuda_median_ms(lambda: fp8_kernels.fp8_block_quantize(tensor, tile_2d=two_d, rows=True, columns=True,
-                                                                        num_warps=warps, two_pass=()),
-                                settings.warmup, settings.iters)
-            gbps = quant_bytes(tensor, 2) / ms / 1e6
-            rows.append({"shape": shape, "tokens": tokens, "kind": "quantize", "case": f"{label}, one read, {warps} warps",
-                         "ms": ms, "gb_per_s": gbps})
-            print(f"  quantize {label + ', one read':<42} {warps:2d} warps {ms:8.3f} ms  {gbps:7.0f} GB/s", flush=True)
-            best = ms if best is None else min(best, ms)
-        two_passes = [two_pass for two_pass in settings.quant_two_pass if two_pass] if not two_d else []
+        if two_d:  # 128x128 tiles: one read writes W and W^T
+            for warps in settings.quant_warps:
+                options = Fp8Options(num_warps=warps)
+                ms = cuda_median_ms(lambda: fp8_kernels.fp8_block_quantize(tensor, tile_2d=True, rows=True, columns=True,
+                                                                            options=options),
+                                    settings.warmup, settings.iters)
+                gbps = quant_bytes(tensor, 2) / ms / 1e6
+                rows.append({"shape": shape, "tokens": tokens, "kind": "quantize",
+                             "case": f"{label}, one read, {warps} warps", "ms": ms, "gb_per_s": gbps})
+                print(f"  quantize {label + ', one read':<42} {warps:2d} warps {ms:8.3f} ms  {gbps:7.0f} GB/s", flush=True)
+                best = ms if best is None else min(best, ms)
+        two_passes = settings.quant_two_pass if not two_d else []
         for two_pass, warps in itertools.product(two_passes, settings.quant_warps):
+            options = Fp8Options(rows_pass_tile_rows=two_pass[0], columns_pass_tile_cols=two_pass[1], num_warps=warps)
             ms = cuda_median_ms(lambda: fp8_kernels.fp8_block_quantize(tensor, tile_2d=False, rows=True, columns=True,
-                                                                        num_warps=warps, two_pass=two_pass),
+                                                                        options=options),
                                 settings.warmup, settings.iters)
             gbps = quant_bytes(tensor, 2) / ms / 1e6  # the bytes the result needs, not the two reads
             case = f"{label}, {_layout(two_pass)}, {warps} warps"
             rows.append({"shape": shape, "tokens": tokens, "kind": "quantize", "case": case, "ms": ms, "gb_per_s": gbps})
             print(f"  quantize {case:<52} {ms:8.3f} ms  {gbps:7.0f} GB/s", flush=True)
-            best = min(best, ms)
+            best = ms if best is None else min(best, ms)
         quantize_best_total += best
 
     # Where the fused layer's time goes: GEMMs + quantization kernels vs the whole layer.
@@ -211,7 +210,8 @@ def bench_shape(in_features: int, out_features: int, settings: LinearBenchmark, 
         parts = fp8_total + quantize_best_total
         notes.append(f"{shape}: FP8 blockwise layer {layer:.3f} ms = GEMMs {fp8_total:.3f} + quantization kernels "
                      f"{quantize_best_total:.3f} (best of the layouts and warps timed; the layer uses "
-                     f"{_layout(fp8_kernels.TWO_PASS)} at {fp8_kernels.NUM_WARPS} warps) + "
+                     f"{_layout((FP8_OPTIONS.rows_pass_tile_rows, FP8_OPTIONS.columns_pass_tile_cols))} at "
+                     f"{FP8_OPTIONS.num_warps} warps) + "
                      f"the rest {layer - parts:.3f} (scale padding, autograd, launches)")
     return rows
 

@@ -1,13 +1,15 @@
-"""What the NVFP4 quantization kernels compile to, without a GPU (scripts/kernel_resources.py).
+"""What the quantization kernels compile to, without a GPU (scripts/kernel_resources.py).
 
-Each kernel variant (the two amax passes, the quantize kernels) at its default launch
-configuration is compiled by the installed Triton for a CUDA target (sm_90a by default: the H200),
+Each kernel variant (NVFP4's two amax passes and its quantize kernels, MXFP4's quantize kernels) at its default launch
+configuration (models.quant.kernels.options) is compiled by the installed Triton for a CUDA target
+(sm_90a by default: the H200),
 with the specializations a launch on real tensors gets (16-divisible pointers and sizes), then
 assembled by the ptxas that ships with Triton: registers per thread, spilled bytes, local-memory
 instructions, SASS instructions and block-wide barriers. The kernels are issue-bound, so the SASS
 count is a fair first proxy for their speed; barriers beyond a reduction's mean layout conversions
-through shared memory; a spill is a red flag: with Triton 3.6 (the GPU machine's) the 2D kernel once compiled to 255 registers and spilled,
-and ran 6-7x slower (docs/performance.md, run Y); this tool reproduces that offline.
+through shared memory; a spill is a red flag: a layout Triton 3.6 (the GPU machine's) chose for an
+earlier form of the 2D kernel took 255 registers, spilled, and ran 6-7x slower, which this tool
+shows offline.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import List
 
 import torch
 
-from models.quant import kernels
+from models.quant.kernels import mx, nvfp4, nvfp4_amax
+from models.quant.kernels.options import MX_OPTIONS, NVFP4_OPTIONS
+from models.quant.kernels.triton_common import bf16_rounding_mode, require_triton
 
 POINTER_DTYPES = {"bf16": "*bf16", "fp32": "*fp32"}
 
@@ -84,46 +88,66 @@ def assemble(ptx: str, capability: int) -> tuple:
     return registers, spill_bytes, local, len(instructions), barriers
 
 
-def _bf16_rounding_constexpr(input_dtype: str) -> int:
-    """kernels._bf16_rounding for a bf16/fp32 input, as the launches pass it."""
-    return kernels._bf16_rounding(torch.empty(0, dtype=torch.bfloat16 if input_dtype == "bf16" else torch.float32))
+def _bf16_rounding_constexpr(input_dtype: str, rounding: str) -> int:
+    """The RHT kernels' ROUND_BF16 for a bf16/fp32 input, as the launches pass it."""
+    return bf16_rounding_mode(torch.empty(0, dtype=torch.bfloat16 if input_dtype == "bf16" else torch.float32), rounding)
 
 
 def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int, narrow: bool = False):
-    block_r, block_c, warps = (kernels.TWO_D_CONFIG if two_d
-                               else kernels.ROWS_CONFIG_NARROW if narrow else kernels.ROWS_CONFIG)
+    options = NVFP4_OPTIONS
+    block_r, block_c, warps = options.two_d if two_d else options.rows_narrow if narrow else options.rows
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
                  "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
                  "rows": "i32", "cols": "i32"}
-    constexprs = dict(BLOCK_R=16 if two_d else block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic,
-                      WRITE_CODES=False, SCALES_FROM_AMAX=True, REVERSED=kernels.REVERSED_QUANTIZE_PASS,
-                      SR_BITS=kernels.SR_BITS)
-    return _compile(kernels._quantize_rows_kernel, signature, constexprs, warps, capability)
+    constexprs = dict(BLOCK_R=block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic,
+                      WRITE_CODES=False, SCALES_FROM_AMAX=True)
+    return _compile(nvfp4._quantize_rows_kernel, signature, constexprs, warps, capability)
 
 
 def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capability: int):
-    groups, block_c, warps = kernels.COLUMNS_STOCHASTIC_CONFIG if stochastic else kernels.COLUMNS_CONFIG
+    options = NVFP4_OPTIONS
+    groups, block_c, warps = options.columns_stochastic if stochastic else options.columns
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
                  "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
                  "groups": "i32", "cols": "i32"}
-    constexprs = dict(GROUPS=groups, BLOCK_C=block_c, RHT=rht, ROUND_BF16=_bf16_rounding_constexpr(input_dtype),
-                      STOCHASTIC=stochastic, WRITE_CODES=False, SCALES_FROM_AMAX=not rht,
-                      REVERSED=kernels.REVERSED_QUANTIZE_PASS, SR_BITS=kernels.SR_BITS)
-    return _compile(kernels._quantize_columns_kernel, signature, constexprs, warps, capability)
+    constexprs = dict(GROUPS=groups, BLOCK_C=block_c, RHT=rht,
+                      ROUND_BF16=_bf16_rounding_constexpr(input_dtype, options.bf16_rounding),
+                      STOCHASTIC=stochastic, WRITE_CODES=False, SCALES_FROM_AMAX=not rht)
+    return _compile(nvfp4._quantize_columns_kernel, signature, constexprs, warps, capability)
 
 
 def _amax_variant(input_dtype: str, *, rht: bool, capability: int, plain_amax: bool = False):
+    options = NVFP4_OPTIONS
     if rht:
-        groups, block_c, warps = kernels._rht_amax_config(
+        groups, block_c, warps = options.rht_amax_launch(
             torch.float32 if input_dtype == "fp32" else torch.bfloat16, plain_amax)
         signature = {"x_ptr": POINTER_DTYPES[input_dtype], "partials_ptr": "*fp32", "groups": "i32", "cols": "i32",
                      "num_tiles_c": "i32", "num_tiles": "i32", "num_programs": "i32"}
-        constexprs = dict(GROUPS=groups, BLOCK_C=block_c, ROUND_BF16=_bf16_rounding_constexpr(input_dtype), PLAIN_AMAX=plain_amax)
-        return _compile(kernels._amax_columns_rht_kernel, signature, constexprs, warps, capability)
-    block, unroll, warps = kernels.AMAX_CHUNK
+        constexprs = dict(GROUPS=groups, BLOCK_C=block_c,
+                          ROUND_BF16=_bf16_rounding_constexpr(input_dtype, options.bf16_rounding), PLAIN_AMAX=plain_amax)
+        return _compile(nvfp4_amax._amax_columns_rht_kernel, signature, constexprs, warps, capability)
+    block, unroll, warps = options.amax_chunk
     # Sizes are i32 at launch below 2^31 elements (Triton specializes Python ints by value).
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "amax_ptr": "*fp32", "numel": "i32", "per_program": "i32"}
-    return _compile(kernels._amax_chunks_kernel, signature, dict(BLOCK=block, UNROLL=unroll), warps, capability)
+    return _compile(nvfp4_amax._amax_chunks_kernel, signature, dict(BLOCK=block, UNROLL=unroll), warps, capability)
+
+
+def _mx_rows_variant(input_dtype: str, *, stochastic: bool, capability: int, narrow: bool = False):
+    block_r, block_c, warps = MX_OPTIONS.rows_narrow if narrow else MX_OPTIONS.rows
+    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
+                 "scales_ptr": "*u8", "seed_ptr": "*i64", "rows": "i32", "cols": "i32"}
+    constexprs = dict(BLOCK_R=block_r, BLOCK_C=block_c, STOCHASTIC=stochastic, WRITE_CODES=False)
+    return _compile(mx._quantize_rows_kernel, signature, constexprs, warps, capability)
+
+
+def _mx_columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capability: int):
+    groups, block_c, warps = MX_OPTIONS.columns_stochastic if stochastic else MX_OPTIONS.columns
+    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
+                 "scales_ptr": "*u8", "seed_ptr": "*i64", "groups": "i32", "cols": "i32"}
+    constexprs = dict(GROUPS=groups, BLOCK_C=block_c, RHT=rht,
+                      ROUND_BF16=_bf16_rounding_constexpr(input_dtype, MX_OPTIONS.bf16_rounding),
+                      STOCHASTIC=stochastic, WRITE_CODES=False)
+    return _compile(mx._quantize_columns_kernel, signature, constexprs, warps, capability)
 
 
 VARIANTS = {
@@ -141,12 +165,20 @@ VARIANTS = {
     "columns 16x1 SR": lambda dtype, cc: _columns_variant(dtype, rht=False, stochastic=True, capability=cc),
     "columns 16x1 RHT RNE": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=False, capability=cc),
     "columns 16x1 RHT SR": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=True, capability=cc),
+    "mx rows 1x32 RNE": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=False, capability=cc),
+    "mx rows 1x32 SR": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=True, capability=cc),
+    "mx rows 1x32 RNE, narrow": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=False, capability=cc, narrow=True),
+    "mx rows 1x32 SR, narrow": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=True, capability=cc, narrow=True),
+    "mx columns 32x1 RNE": lambda dtype, cc: _mx_columns_variant(dtype, rht=False, stochastic=False, capability=cc),
+    "mx columns 32x1 SR": lambda dtype, cc: _mx_columns_variant(dtype, rht=False, stochastic=True, capability=cc),
+    "mx columns 32x1 RHT RNE": lambda dtype, cc: _mx_columns_variant(dtype, rht=True, stochastic=False, capability=cc),
+    "mx columns 32x1 RHT SR": lambda dtype, cc: _mx_columns_variant(dtype, rht=True, stochastic=True, capability=cc),
 }
 
 
 def kernel_resources(input_dtypes=("bf16", "fp32"), capability: int = 90, names=None) -> List[KernelResources]:
     """Compile every variant (or those in ``names``) for each input dtype; one row each."""
-    kernels.require_triton("benchmarks.kernel_resources")
+    require_triton("benchmarks.kernel_resources")
     rows = []
     for input_dtype in input_dtypes:
         for name, build in VARIANTS.items():
@@ -159,9 +191,9 @@ def kernel_resources(input_dtypes=("bf16", "fp32"), capability: int = 90, names=
 
 
 def render(rows: List[KernelResources]) -> List[str]:
-    lines = [f"{'kernel':24s} {'input':>5s} {'registers':>9s} {'spill B':>7s} {'local ops':>9s} {'SASS':>6s} "
+    lines = [f"{'kernel':26s} {'input':>5s} {'registers':>9s} {'spill B':>7s} {'local ops':>9s} {'SASS':>6s} "
              f"{'barriers':>8s}"]
     for row in rows:
-        lines.append(f"{row.name:24s} {row.input_dtype:>5s} {row.registers:9d} {row.spill_bytes:7d} "
+        lines.append(f"{row.name:26s} {row.input_dtype:>5s} {row.registers:9d} {row.spill_bytes:7d} "
                      f"{row.local_memory_instructions:9d} {row.sass_instructions:6d} {row.barriers:8d}")
     return lines

@@ -1,4 +1,4 @@
-"""The NVFP4 quantize kernels against the HBM floor on the present GPU (scripts/bench_quant.py).
+"""The NVFP4 and MXFP4 quantize kernels against the HBM floor on the present GPU (scripts/bench_quant.py).
 
 For each kernel (1x16 rows, 2D 16x16, 16x1 columns along tokens, columns with RHT, and their
 stochastic-rounding variants) and for the plain-torch reference (eager and torch.compile), it times
@@ -9,36 +9,51 @@ the whole quantize call (amax pass + quantize pass) two ways with CUDA events (b
   in the same run, over the measured time (1.0 = as fast as a copy moving those bytes);
 - "eager": calls launched from Python, where the host's launch overhead (~20 us per Triton
   launch) shows whenever it exceeds the GPU time.
-The kernels run with a few launch configurations (the first listed is the module's default); the
-best one per kernel (graphed) is marked with *. Rows also compare the design choices side by side:
-the two amax passes (alone, against a read of x, and inside the whole call), the quantize pass in
-forward tile order against the reversed default, and 8 against 32 random bits per element for
-stochastic rounding. Before timing, each RNE kernel is checked bit for bit against the torch
-reference on the benchmark tensor.
+The kernels run with a few launch configurations, each a variant of the default options object
+(``dataclasses.replace(NVFP4_OPTIONS, ...)``, the default listed first); the best one per kernel
+(graphed) is marked with *. Rows also time the amax passes alone (against a read of x), the RHT
+kernels' two bf16 roundings, and an operand's two orientations with one shared amax pass against
+two; and the MXFP4 kernels (kernels.mx) at their default launches. Before timing, each RNE kernel
+is checked bit for bit against its torch reference on the benchmark tensor.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from benchmarks.timing import cuda_median_ms
 from models.quant import kernels
-from models.quant.formats import quantize
-from models.quant.rht import rht
+from models.quant.kernels import mx, nvfp4, nvfp4_amax
+from models.quant.kernels.nvfp4 import quantize_columns_ref, quantize_rows_ref
+from models.quant.kernels.options import NVFP4_OPTIONS, Nvfp4Options
 
-# (tile rows, tile cols, num_warps) and (groups of 16 rows, cols, num_warps); the first is the default.
-ROWS_CONFIGS = [kernels.ROWS_CONFIG, (16, 128, 4), (16, 256, 8), (32, 128, 8), (16, 64, 2), (8, 256, 4),
-                (32, 256, 8), (64, 128, 8), (32, 128, 4)]
-COLUMNS_CONFIGS = [kernels.COLUMNS_CONFIG, (1, 128, 4), (2, 256, 8), (2, 128, 8), (1, 256, 8), (2, 64, 4),
-                   (4, 64, 8), (1, 64, 2), (2, 128, 4)]
-AMAX_CHUNKS = [kernels.AMAX_CHUNK, (2048, 4, 4), (1024, 8, 4), (8192, 2, 8)]
+DEFAULT = NVFP4_OPTIONS
+
+
+def _with_default_first(default, others):
+    return [default] + [other for other in others if other != default]
+
+
+# (tile rows, tile cols, num_warps) and (groups of 16 rows, cols, num_warps); the default first.
+ROWS_CONFIGS = _with_default_first(DEFAULT.rows, [(16, 128, 4), (16, 256, 8), (32, 128, 8), (16, 64, 2), (8, 256, 4),
+                                                  (32, 256, 8), (64, 128, 8), (32, 128, 4)])
+TWO_D_CONFIGS = _with_default_first(DEFAULT.two_d, [c for c in ROWS_CONFIGS if c[0] == 16])
+COLUMNS_CONFIGS = _with_default_first(DEFAULT.columns, [(1, 128, 4), (2, 256, 8), (2, 128, 8), (1, 256, 8), (2, 64, 4),
+                                                        (4, 64, 8), (1, 64, 2), (2, 128, 4)])
+COLUMNS_STOCHASTIC_CONFIGS = _with_default_first(DEFAULT.columns_stochastic, COLUMNS_CONFIGS)
+AMAX_CHUNKS = _with_default_first(DEFAULT.amax_chunk, [(2048, 4, 4), (1024, 8, 4), (8192, 2, 8)])
 # ((groups of 16 rows, cols, num_warps), programs per SM) of the persistent RHT amax kernel.
-RHT_AMAX_VARIANTS = [(kernels.RHT_AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM)] + [
-    variant for variant in [((2, 128, 4), 4), ((2, 128, 4), 8), ((4, 128, 4), 4), ((4, 128, 8), 4), ((2, 256, 8), 4),
-                            ((8, 128, 8), 2)]
-    if variant != (kernels.RHT_AMAX_CONFIG, kernels.AMAX_PROGRAMS_PER_SM)]
+RHT_AMAX_VARIANTS = _with_default_first((DEFAULT.rht_amax, DEFAULT.amax_programs_per_sm), [
+    ((2, 128, 4), 4), ((2, 128, 4), 8), ((4, 128, 4), 4), ((4, 128, 8), 4), ((2, 256, 8), 4), ((8, 128, 8), 2)])
 RHT_PLAIN_AMAX_CONFIGS = [(4, 128, 4), (4, 64, 4), (2, 128, 4), (8, 64, 8), (2, 64, 2)]  # the bf16 and fp32 defaults first
 GRAPH_CALLS = 4
+
+
+def variant(**changes) -> Nvfp4Options:
+    """The default options with ``changes`` (a launch or a switch to time)."""
+    return dataclasses.replace(DEFAULT, **changes)
 
 
 def time_ms(fn, *, iterations: int, warmup: int) -> float:
@@ -74,22 +89,6 @@ def floor_bytes(x: torch.Tensor, *, values_bytes: int) -> int:
     return x.numel() * x.element_size() + x.numel() * values_bytes + x.numel() // 16
 
 
-class _Knobs:
-    """Set module-level knobs of models.quant.kernels for one measurement, restored afterwards."""
-
-    def __init__(self, **values):
-        self.values = values
-
-    def __enter__(self):
-        self.saved = {name: getattr(kernels, name) for name in self.values}
-        for name, value in self.values.items():
-            setattr(kernels, name, value)
-
-    def __exit__(self, *exc):
-        for name, value in self.saved.items():
-            setattr(kernels, name, value)
-
-
 def check_identical(out, reference, transposed: bool) -> bool:
     values = out.values.t() if transposed else out.values
     scales = out.block_scales.view(torch.uint8)
@@ -97,6 +96,8 @@ def check_identical(out, reference, transposed: bool) -> bool:
     expected_values = reference.scaled_values(out.values.dtype)
     same_values = torch.equal(values, expected_values)
     same_scales = torch.equal(scales, reference.block_scales.view(torch.uint8))
+    if not hasattr(out, "decode_scale"):  # MXFP4: no per-tensor scale
+        return bool(same_values and same_scales)
     same_decode = torch.equal(out.decode_scale.reshape(()), reference.tensor_scale)
     return bool(same_values and same_scales and same_decode)
 
@@ -137,77 +138,60 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
         })
 
     # --- Triton kernels ------------------------------------------------------------------------
-    reference_rows = quantize(x, "nvfp4")
-    reference_2d = quantize(x, "nvfp4", tile=(16, 16))
-    reference_columns = quantize(x.t(), "nvfp4")
-    reference_columns_rht = quantize(rht(x.t()), "nvfp4")
-    rows_configs_2d = [kernels.TWO_D_CONFIG] + [c for c in ROWS_CONFIGS if c[0] == 16 and c != kernels.TWO_D_CONFIG]
-    variants = [  # (name, configs, run(config), RNE reference or None, outputs transposed)
-        ("rows 1x16 RNE", ROWS_CONFIGS, lambda c: kernels.nvfp4_quantize_rows(x, config=c), reference_rows, False),
-        ("rows 1x16 SR", ROWS_CONFIGS,
-         lambda c: kernels.nvfp4_quantize_rows(x, config=c, stochastic=True, seed=seed), None, False),
-        ("2D 16x16 RNE", rows_configs_2d,
-         lambda c: kernels.nvfp4_quantize_rows(x, config=c, two_d=True), reference_2d, False),
-        ("columns 16x1 RNE", COLUMNS_CONFIGS,
-         lambda c: kernels.nvfp4_quantize_columns(x, config=c), reference_columns, True),
-        ("columns 16x1 RHT RNE", COLUMNS_CONFIGS,
-         lambda c: kernels.nvfp4_quantize_columns(x, config=c, rht=True), reference_columns_rht, True),
-        ("columns 16x1 RHT SR", [kernels.COLUMNS_STOCHASTIC_CONFIG] + [c for c in COLUMNS_CONFIGS
-                                                                 if c != kernels.COLUMNS_STOCHASTIC_CONFIG],
-         lambda c: kernels.nvfp4_quantize_columns(x, config=c, rht=True, stochastic=True, seed=seed), None, True),
+    reference_rows = quantize_rows_ref(x)
+    reference_2d = quantize_rows_ref(x, two_d=True)
+    reference_columns = quantize_columns_ref(x)
+    reference_columns_rht = quantize_columns_ref(x, rht=True)
+    variants = [  # (name, launches, run(options), RNE reference or None, outputs transposed)
+        ("rows 1x16 RNE", [variant(rows=c, rows_narrow=c) for c in ROWS_CONFIGS],
+         lambda o: nvfp4.quantize_rows(x, options=o), reference_rows, False),
+        ("rows 1x16 SR", [variant(rows=c, rows_narrow=c) for c in ROWS_CONFIGS],
+         lambda o: nvfp4.quantize_rows(x, stochastic=True, seed=seed, options=o), None, False),
+        ("2D 16x16 RNE", [variant(two_d=c) for c in TWO_D_CONFIGS],
+         lambda o: nvfp4.quantize_rows(x, two_d=True, options=o), reference_2d, False),
+        ("columns 16x1 RNE", [variant(columns=c) for c in COLUMNS_CONFIGS],
+         lambda o: nvfp4.quantize_columns(x, options=o), reference_columns, True),
+        ("columns 16x1 RHT RNE", [variant(columns=c) for c in COLUMNS_CONFIGS],
+         lambda o: nvfp4.quantize_columns(x, rht=True, options=o), reference_columns_rht, True),
+        ("columns 16x1 RHT SR", [variant(columns_stochastic=c) for c in COLUMNS_STOCHASTIC_CONFIGS],
+         lambda o: nvfp4.quantize_columns(x, rht=True, stochastic=True, seed=seed, options=o), None, True),
     ]
-    for name, configs, run, reference, transposed in variants:
-        for config in configs:
+    launch_of = {"rows 1x16 RNE": "rows", "rows 1x16 SR": "rows", "2D 16x16 RNE": "two_d",
+                 "columns 16x1 RNE": "columns", "columns 16x1 RHT RNE": "columns",
+                 "columns 16x1 RHT SR": "columns_stochastic"}
+    for name, options_list, run, reference, transposed in variants:
+        for options in options_list:
+            config = getattr(options, launch_of[name])
             try:
-                identical = check_identical(run(config), reference, transposed) if reference is not None else None
+                identical = check_identical(run(options), reference, transposed) if reference is not None else None
             except Exception:
                 identical = None  # measure() reports the error
-            measure(name, lambda: run(config), config=list(config), identical=identical)
+            measure(name, lambda: run(options), config=list(config), identical=identical)
 
-    # --- the design choices, side by side (default launch configurations) -------------------------
-    def rows_rne():
-        return kernels.nvfp4_quantize_rows(x)
+    # --- the RHT kernels' bf16 rounding: the conversion (default) against integer ops ---------------
+    integer = variant(bf16_rounding="integer")
+    measure("columns 16x1 RHT RNE, bf16 rounding by integer ops",
+            lambda: nvfp4.quantize_columns(x, rht=True, options=integer),
+            identical=check_identical(nvfp4.quantize_columns(x, rht=True, options=integer), reference_columns_rht, True))
+    measure("columns 16x1 RHT SR, bf16 rounding by integer ops",
+            lambda: nvfp4.quantize_columns(x, rht=True, stochastic=True, seed=seed, options=integer))
 
-    def rows_sr():
-        return kernels.nvfp4_quantize_rows(x, stochastic=True, seed=seed)
-
-    def columns_rht_sr():
-        return kernels.nvfp4_quantize_columns(x, rht=True, stochastic=True, seed=seed)
-
-    with _Knobs(AMAX_REDUCTION="torch"):
-        measure("rows 1x16 RNE, torch's amax", rows_rne, identical=check_identical(rows_rne(), reference_rows, False))
-    with _Knobs(REVERSED_QUANTIZE_PASS=False):
-        measure("rows 1x16 RNE, tiles in forward order", rows_rne,
-                identical=check_identical(rows_rne(), reference_rows, False))
-    with _Knobs(BF16_ROUNDING="integer"):
-        measure("columns 16x1 RHT RNE, bf16 rounding by integer ops", lambda: kernels.nvfp4_quantize_columns(x, rht=True),
-                identical=check_identical(kernels.nvfp4_quantize_columns(x, rht=True), reference_columns_rht, True))
-        measure("columns 16x1 RHT SR, bf16 rounding by integer ops", columns_rht_sr)
-    with _Knobs(SR_BITS=32):
-        measure("rows 1x16 SR, 32 random bits per element", rows_sr)
-        measure("columns 16x1 RHT SR, 32 random bits per element", columns_rht_sr)
-
-    # The amax pass alone; its floor is a read of x.
-    with _Knobs(AMAX_REDUCTION="torch"):
-        measure("amax pass only, torch (read floor)", lambda: kernels.tensor_amax(x), floor=read_floor_ms)
+    # The amax passes alone; their floor is a read of x.
     for chunk in AMAX_CHUNKS:
-        with _Knobs(AMAX_REDUCTION="triton", AMAX_CHUNK=chunk):
-            measure("amax pass only, triton (read floor)", lambda: kernels.tensor_amax(x), config=list(chunk),
-                    floor=read_floor_ms)
+        measure("amax pass only (read floor)", lambda: nvfp4_amax.tensor_amax(x, options=variant(amax_chunk=chunk)),
+                config=list(chunk), floor=read_floor_ms)
     for rht_config, programs_per_sm in RHT_AMAX_VARIANTS:
-        with _Knobs(RHT_AMAX_CONFIG=rht_config, AMAX_PROGRAMS_PER_SM=programs_per_sm):
-            measure("amax pass with RHT + finalize (read floor)", lambda: kernels.rht_global_scales(x),
-                    config=[*rht_config, programs_per_sm], floor=read_floor_ms)
+        options = variant(rht_amax=rht_config, amax_programs_per_sm=programs_per_sm)
+        measure("amax pass with RHT + finalize (read floor)", lambda: nvfp4_amax.rht_global_scales(x, options=options),
+                config=[*rht_config, programs_per_sm], floor=read_floor_ms)
 
     # X and dY are each quantized in both orientations (X: Fprop rows RNE, Wgrad columns RHT RNE; dY:
     # Dgrad rows SR, Wgrad columns RHT SR): the pair with an amax pass each, against one pass that
-    # gives both global scales (kernels.rows_and_rht_columns_scales, as models.quant.linear runs it).
+    # gives both global scales (nvfp4_amax.rows_and_rht_columns_scales, as models.quant.linear runs it).
     def pair(stochastic, shared):
-        scales = kernels.rows_and_rht_columns_scales(x) if shared else None
-        rows_out = kernels.nvfp4_quantize_rows(x, stochastic=stochastic, seed=seed,
-                                               amax=None if scales is None else scales[2:])
-        columns_out = kernels.nvfp4_quantize_columns(x, rht=True, stochastic=stochastic, seed=seed,
-                                                     global_scales=scales)
+        scales = nvfp4_amax.rows_and_rht_columns_scales(x) if shared else None
+        rows_out = nvfp4.quantize_rows(x, stochastic=stochastic, seed=seed, amax=None if scales is None else scales[2:])
+        columns_out = nvfp4.quantize_columns(x, rht=True, stochastic=stochastic, seed=seed, global_scales=scales)
         return rows_out, columns_out
 
     def pair_identical(stochastic):
@@ -223,13 +207,28 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
         measure(f"{label}, one shared pass", lambda: pair(stochastic, True), identical=pair_identical(stochastic),
                 floor=2 * floor_ms)
     for plain_config in RHT_PLAIN_AMAX_CONFIGS:
-        with _Knobs(RHT_PLAIN_AMAX_CONFIG=plain_config, RHT_PLAIN_AMAX_CONFIG_FP32=plain_config):
-            measure("max|x| + RHT amax + finalize (read floor)",
-                    lambda: kernels.rows_and_rht_columns_scales(x), config=list(plain_config), floor=read_floor_ms)
+        options = variant(rht_plain_amax=plain_config, rht_plain_amax_fp32=plain_config)
+        measure("max|x| + RHT amax + finalize (read floor)",
+                lambda: nvfp4_amax.rows_and_rht_columns_scales(x, options=options), config=list(plain_config),
+                floor=read_floor_ms)
+
+    # --- MXFP4 (kernels.mx, default launches): one launch per call, no amax pass ------------------
+    if rows_count % 32 == 0 and cols % 32 == 0:  # MX blocks are 32 long, both ways
+        mx_rows, mx_columns_rht = mx.quantize_rows_ref(x), mx.quantize_columns_ref(x, rht=True)
+        mx_floor_ms = (x.numel() * x.element_size() + x.numel() * values_bytes + x.numel() // 32) / bandwidth * 1e3
+        measure("mx rows 1x32 RNE", lambda: mx.quantize_rows(x), identical=check_identical(mx.quantize_rows(x), mx_rows, False),
+                floor=mx_floor_ms)
+        measure("mx rows 1x32 SR", lambda: mx.quantize_rows(x, stochastic=True, seed=seed), floor=mx_floor_ms)
+        measure("mx columns 32x1 RNE (W^T)", lambda: mx.quantize_columns(x),
+                identical=check_identical(mx.quantize_columns(x), mx.quantize_columns_ref(x), True), floor=mx_floor_ms)
+        measure("mx columns 32x1 RHT RNE", lambda: mx.quantize_columns(x, rht=True),
+                identical=check_identical(mx.quantize_columns(x, rht=True), mx_columns_rht, True), floor=mx_floor_ms)
+        measure("mx columns 32x1 RHT SR", lambda: mx.quantize_columns(x, rht=True, stochastic=True, seed=seed),
+                floor=mx_floor_ms)
 
     # --- plain torch reference -----------------------------------------------------------------
     def reference_fn(tensor):
-        return quantize(tensor, "nvfp4").scaled_values(torch.bfloat16)
+        return quantize_rows_ref(tensor).scaled_values(torch.bfloat16)
 
     eager_reference = time_ms(lambda: reference_fn(x), iterations=10, warmup=2)
     rows.append({"name": "torch reference rows 1x16 (eager)", "config": None, "eager_ms": eager_reference,

@@ -57,7 +57,7 @@ COMPONENTS = [
     ("quantization", ("quantize", "quant_", "_fp8_", "nvfp4", "e2m1", "amax", "hadamard", "rht", "absmaxops",
                       "vector_norm")),
     # The emulated NVFP4 GEMMs' decode-scale multiply and rounding of their fp32 output
-    # (kernels.scale_gemm_output); listed before the GEMMs, whose "gemm" pattern it also matches.
+    # (kernels.epilogue.scale_gemm_output); listed before the GEMMs, whose "gemm" pattern it also matches.
     ("GEMM output scaling", ("scale_gemm_output",)),
     ("ssd", ("chunk_scan", "chunk_state", "state_passing", "bmm_chunk", "chunk_cumsum", "ssd")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "softmax_warp")),

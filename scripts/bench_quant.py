@@ -1,6 +1,6 @@
-"""Benchmark the NVFP4 quantize kernels against the HBM floor on the present GPU.
+"""Benchmark the NVFP4 and MXFP4 quantize kernels against the HBM floor on the present GPU.
 
-    python scripts/bench_quant.py --out bench_quant.json            # 8192 x 5120 bf16, as in DESIGN
+    python scripts/bench_quant.py --out bench_quant.json            # 8192 x 5120 bf16
     python scripts/bench_quant.py --rows 4096 --cols 4096 --out b.json
 
 For each kernel (1x16 rows, 2D 16x16, 16x1 columns along tokens, columns with RHT, and their
@@ -8,9 +8,9 @@ stochastic-rounding variants) and for the plain-torch reference, it times the wh
 (amax pass + quantize pass) eager and replayed from a CUDA graph (GPU time), and compares the graphed
 time with the HBM floor: (bytes read once + bytes written) / the device-to-device copy bandwidth
 measured in the same run. "of copy bw" = floor time / measured time (1.0 = as fast as a copy moving
-those bytes). Launch configurations and the design choices (amax pass, tile order, random bits per
-element) are timed side by side. Before timing, each RNE kernel is checked bit for bit against the
-torch reference on the benchmark tensor.
+those bytes). Launch configurations (variants of models.quant.kernels.options.NVFP4_OPTIONS), the
+amax passes, the RHT's two bf16 roundings, the shared amax pass and the MXFP4 kernels are timed. Before
+timing, each RNE kernel is checked bit for bit against its torch reference on the benchmark tensor.
 The kernels, configurations and floors: benchmarks/quant_kernels.py.
 """
 

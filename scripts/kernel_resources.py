@@ -1,4 +1,4 @@
-"""Registers, spills, SASS instructions and barriers of the NVFP4 kernels (amax passes and quantize
+"""Registers, spills, SASS instructions and barriers of the NVFP4 and MXFP4 kernels (amax passes and quantize
 kernels), compiled offline.
 
     python scripts/kernel_resources.py                    # sm_90a (H100/H200), bf16 and fp32 inputs

@@ -4,7 +4,7 @@ Kept light on purpose: importing ``models.quant`` imports nothing heavy (no Trit
 submodules you need:
 
     from models.quant.format_registry import FORMAT_SPECS, format_spec   # every format's facts, one entry each
-    from models.quant.formats import quantize, fake_quantize
+    from models.quant.formats import quantize, fake_quantize             # the torch reference of every format
     from models.quant.rht import rht, inverse_rht
     from models.quant.gemm_spec import OperandSpec, GemmSpec, LinearSpec, nvfp4_linear_spec
     from models.quant.quantized_linear import QuantizedLinear   # the base of every backend's layer

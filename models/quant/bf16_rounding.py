@@ -5,7 +5,7 @@
 by integer operations on the fp32 bits: add 0x7FFF plus the lowest kept bit (bit 16), clear the low
 16 bits. That is round-to-nearest, ties to even, with a carry into the exponent where the mantissa
 overflows and to Inf past bf16's largest finite value, as torch's cast (the Triton kernels'
-``kernels._round_to_bf16`` does the same arithmetic).
+``kernels.triton_common.round_to_bf16`` does the same arithmetic).
 
 Why not the cast itself: when Inductor fuses ``x.to(bf16)`` into a consumer that computes in fp32 it
 may keep the fp32 value and drop the rounding (pytorch/pytorch#179561, fixed after torch 2.11; on

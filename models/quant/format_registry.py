@@ -1,24 +1,26 @@
-"""The one registry of low-precision formats: every fact about a format, in one ``FormatSpec`` entry.
+"""The registry of low-precision formats: every fact about a format, in one ``FormatSpec`` entry.
 
 Who reads what:
-- ``models.quant.formats``: element kind, element max, allowed and default tiles (``resolve_tile``);
-- ``models.quant.gemm_spec`` (``OperandSpec``): tiles, roundings, which formats round stochastically;
 - ``models.quant.recipe``: the recipe formats and backends a ``PrecisionConfig`` may name, the block
   edge a linear's dims must divide, the per-layer ``LinearSpec`` (``FormatSpec.linear_spec``), and
   where the torch FP8 backend runs (``FormatSpec.native``);
+- ``models.quant.linear``: which Triton kernel quantizes an operand (``quantize_kernel``);
 - ``models.quant.te_backend``: the TE recipe class, its options and the compute capability it needs;
 - ``models.quant.diagnostics``: the element max (saturation);
-- the GEMM cost model (reports/gemm_costs.py: FORMAT_COSTS is built from this registry): bytes per element and per scale, block sizes,
-  whether Dgrad reuses Fprop's W, whether a per-tensor amax costs a second read, the peak-rate key.
+- the GEMM cost model (reports/gemm_costs.py: FORMAT_COSTS is built from this registry): bytes per
+  element and per scale, block sizes, whether Dgrad reuses Fprop's W, whether a per-tensor amax
+  costs a second read, the peak-rate key.
 
-Two kinds of entry: an element format (``operand_format`` None: ``formats.quantize`` implements it)
-and a recipe variant (``operand_format`` names the element format its operands use; it differs in
-how the LinearSpec is built, e.g. ``mxfp8_wgrad_rht``). Adding a format is one entry here plus, for
-a new element format, its quantize function in ``models.quant.formats`` (docs/adding_a_format.md).
+Each entry stands on an element format (``models.quant.element_formats``: element kind, tiles),
+which ``models.quant.formats`` quantizes and ``OperandSpec`` checks. Imports run one way:
+format_registry -> gemm_spec (the LinearSpec builders) -> formats -> element_formats. A recipe
+variant (``mxfp8_wgrad_rht``) reuses its base's element format and differs in how the LinearSpec
+is built. Adding a format is one entry here plus, for a new element format, its ``ElementFormat``
+and quantize functions (docs/adding_a_format.md).
 
 Sources of the numbers: TE ``core_nvfp4.cuh`` (NVFP4), OCP MX v1.0 (MXFP4/MXFP8), TE
-``Float8BlockScaling`` / ``Float8CurrentScaling`` (FP8), TE 2.20.2 measured on H200 and PyTorch's
-``ScaledBlas.cpp`` (compute capabilities; DESIGN.md "Backends").
+``Float8BlockScaling`` / ``Float8CurrentScaling`` (FP8), TE 2.20.2 measured on the H200 and
+PyTorch's ``ScaledBlas.cpp`` (compute capabilities).
 """
 
 from __future__ import annotations
@@ -27,20 +29,24 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
+from models.quant import gemm_spec
+from models.quant.element_formats import (  # noqa: F401 - re-exported: the registry's long-standing names
+    E2M1_FORMATS,
+    E2M1_MAX,
+    E4M3_MAX,
+    ELEMENT_FORMATS,
+    GEMMS,
+    OPERAND_FORMATS,
+    ROUNDINGS,
+    ElementFormat,
+    Tile,
+    resolve_tile,
+)
 
-GEMMS = ("fprop", "dgrad", "wgrad")
-"""The three GEMMs of a linear layer: Y = X W^T, dX = dY W, dW = dY^T X."""
 BACKENDS = ("auto", "te", "torch", "emulated")
 """Who runs the quantized GEMMs (PrecisionConfig.backend)."""
-ROUNDINGS = ("nearest", "stochastic")
 HIGH_PRECISION = "bf16"
 """The recipe format (and the plan's per-GEMM label) of a GEMM that is not quantized."""
-
-E2M1_MAX = 6.0
-E4M3_MAX = 448.0
-
-Tile = Optional[Tuple[int, int]]
-"""(rows, cols) with cols along the reduction dim; None: one scale for the whole tensor."""
 
 
 @dataclass(frozen=True)
@@ -98,56 +104,63 @@ class FormatSpec(OperandCosts):
     name: str
     label: str
     """One line for tables: elements, blocks, scales."""
-    element: str
-    """'e2m1' or 'e4m3'."""
-    default_tile: Tile
-    allowed_tiles: Tuple[Tile, ...]
+    element_format: ElementFormat
+    """What its operands are quantized to (a recipe variant shares its base's)."""
     block_edge: int
     """What a quantized linear's in_features and out_features must divide by (block or tile edge)."""
-    linear_spec: Callable[..., object]
+    linear_spec: Callable[..., gemm_spec.LinearSpec]
     """(PrecisionConfig, quantize_fprop=, quantize_dgrad=, quantize_wgrad=) -> the layer's LinearSpec."""
-    operand_format: Optional[str] = None
-    """For a recipe variant: the element format its operands are quantized to (None: this one)."""
+    quantize_kernel: Optional[str] = None
+    """The module of ``models.quant.kernels`` that quantizes operands of this element format on CUDA
+    in the emulated backend (bit-identical to ``formats``); None: the torch reference runs."""
     native: Mapping[str, Capability] = field(default_factory=dict)
     """Backend ('te', 'torch') -> compute capabilities it runs this format on natively."""
     te_recipe: Optional[str] = None
     """Transformer Engine recipe class (transformer_engine.common.recipe); None: no TE training recipe."""
     te_recipe_options: Callable[..., Dict[str, object]] = lambda cfg: {}
     """PrecisionConfig -> that recipe's keyword arguments (as plain data; te_backend builds the recipe)."""
+
     @property
     def quantizes_as(self) -> str:
         """The element format of the operands (``formats.quantize``'s ``fmt``)."""
-        return self.operand_format or self.name
+        return self.element_format.name
+
+    @property
+    def element(self) -> str:
+        """'e2m1' or 'e4m3'."""
+        return self.element_format.element
+
+    @property
+    def default_tile(self) -> Tile:
+        return self.element_format.default_tile
+
+    @property
+    def allowed_tiles(self) -> Tuple[Tile, ...]:
+        return self.element_format.allowed_tiles
 
     @property
     def element_max(self) -> float:
-        return E2M1_MAX if self.element == "e2m1" else E4M3_MAX
+        return self.element_format.element_max
 
     @property
     def stochastic_rounding(self) -> bool:
         """Whether stochastic rounding is implemented (E2M1 elements only)."""
-        return self.element == "e2m1"
+        return self.element_format.stochastic_rounding
 
     def runs_natively(self, backend: str, capability: Optional[Tuple[int, int]]) -> bool:
         return backend in self.native and self.native[backend].allows(capability)
-
-
-def _builders():
-    """models.quant.gemm_spec, which imports this module (its OperandSpec checks tiles here): imported on use."""
-    from models.quant import gemm_spec
-
-    return gemm_spec
 
 
 FORMAT_SPECS: Dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
         FormatSpec(
-            "nvfp4", "NVFP4 (E2M1, 1x16 / 16x16 E4M3 scales + fp32 tensor scale)", "e2m1",
-            default_tile=(1, 16), allowed_tiles=((1, 16), (16, 16)), block_edge=16,
-            linear_spec=lambda cfg, **gemms: _builders().nvfp4_linear_spec(
+            "nvfp4", "NVFP4 (E2M1, 1x16 / 16x16 E4M3 scales + fp32 tensor scale)", ELEMENT_FORMATS["nvfp4"],
+            block_edge=16,
+            linear_spec=lambda cfg, **gemms: gemm_spec.nvfp4_linear_spec(
                 weight_2d=cfg.weight_2d, wgrad_rht=cfg.wgrad_rht,
                 stochastic_rounding=cfg.gradient_stochastic_rounding, **gemms),
+            quantize_kernel="nvfp4",
             native={"te": Capability((10, 0))},
             te_recipe="NVFP4BlockScaling",
             te_recipe_options=lambda cfg: dict(disable_rht=not cfg.wgrad_rht,
@@ -157,26 +170,24 @@ FORMAT_SPECS: Dict[str, FormatSpec] = {
             amax_pass=True, tensor_scale_bytes=4, peak_key="nvfp4",
         ),
         FormatSpec(
-            "mxfp4", "MXFP4 (E2M1, 1x32 E8M0 scales)", "e2m1",
-            default_tile=(1, 32), allowed_tiles=((1, 32),), block_edge=32,
-            linear_spec=lambda cfg, **gemms: _builders().mxfp4_linear_spec(
+            "mxfp4", "MXFP4 (E2M1, 1x32 E8M0 scales)", ELEMENT_FORMATS["mxfp4"], block_edge=32,
+            linear_spec=lambda cfg, **gemms: gemm_spec.mxfp4_linear_spec(
                 wgrad_rht=cfg.wgrad_rht, stochastic_rounding=cfg.gradient_stochastic_rounding, **gemms),
+            quantize_kernel="mx",
             element_bytes=0.5, vector_block=32, vector_scale_bytes=1, weight_block=32, weight_scale_bytes=1,
             weight_transpose_invariant=False, peak_key="nvfp4",
         ),
         FormatSpec(
-            "mxfp8", "MXFP8 (E4M3, 1x32 E8M0 scales)", "e4m3",
-            default_tile=(1, 32), allowed_tiles=((1, 32),), block_edge=32,
-            linear_spec=lambda cfg, **gemms: _builders().mxfp8_linear_spec(**gemms),
+            "mxfp8", "MXFP8 (E4M3, 1x32 E8M0 scales)", ELEMENT_FORMATS["mxfp8"], block_edge=32,
+            linear_spec=lambda cfg, **gemms: gemm_spec.mxfp8_linear_spec(**gemms),
             native={"te": Capability((10, 0))},
             te_recipe="MXFP8BlockScaling",
             element_bytes=1.0, vector_block=32, vector_scale_bytes=1, weight_block=32, weight_scale_bytes=1,
             weight_transpose_invariant=False, peak_key="mxfp8",
         ),
         FormatSpec(
-            "fp8_block", "FP8 (E4M3, 1x128 / 128x128 fp32 scales)", "e4m3",
-            default_tile=(1, 128), allowed_tiles=((1, 128), (128, 128)), block_edge=128,
-            linear_spec=lambda cfg, **gemms: _builders().fp8_block_linear_spec(
+            "fp8_block", "FP8 (E4M3, 1x128 / 128x128 fp32 scales)", ELEMENT_FORMATS["fp8_block"], block_edge=128,
+            linear_spec=lambda cfg, **gemms: gemm_spec.fp8_block_linear_spec(
                 power_of_two_scales=cfg.fp8_power_of_two_scales, **gemms),
             # PyTorch runs the DeepSeek-style blockwise FP8 GEMM on compute capability 9.x only.
             native={"te": Capability((9, 0)), "torch": Capability((9, 0), below=(10, 0))},
@@ -186,9 +197,9 @@ FORMAT_SPECS: Dict[str, FormatSpec] = {
             peak_key="fp8",
         ),
         FormatSpec(
-            "fp8_tensor", "FP8 (E4M3, per-tensor scale)", "e4m3",
-            default_tile=None, allowed_tiles=(None,), block_edge=16,  # 16: what torch._scaled_mm needs
-            linear_spec=lambda cfg, **gemms: _builders().fp8_tensor_linear_spec(**gemms),
+            "fp8_tensor", "FP8 (E4M3, per-tensor scale)", ELEMENT_FORMATS["fp8_tensor"],
+            block_edge=16,  # 16: what torch._scaled_mm needs
+            linear_spec=lambda cfg, **gemms: gemm_spec.fp8_tensor_linear_spec(**gemms),
             native={"te": Capability((8, 9)), "torch": Capability((8, 9))},
             te_recipe="Float8CurrentScaling",
             te_recipe_options=lambda cfg: dict(fp8_format="E4M3"),
@@ -199,15 +210,12 @@ FORMAT_SPECS: Dict[str, FormatSpec] = {
 """Format name -> its FormatSpec, in the order tables list them."""
 FORMAT_SPECS["mxfp8_wgrad_rht"] = dataclasses.replace(
     FORMAT_SPECS["mxfp8"], name="mxfp8_wgrad_rht", label="MXFP8 (E4M3, 1x32 E8M0 scales), RHT on Wgrad",
-    operand_format="mxfp8", native={}, te_recipe=None,  # emulated only: TE's MXFP8 recipe has no RHT
-    linear_spec=lambda cfg, **gemms: _builders().mxfp8_linear_spec(wgrad_rht=True, **gemms),
+    native={}, te_recipe=None,  # emulated only: TE's MXFP8 recipe has no RHT
+    linear_spec=lambda cfg, **gemms: gemm_spec.mxfp8_linear_spec(wgrad_rht=True, **gemms),
 )
 
-OPERAND_FORMATS = tuple(name for name, spec in FORMAT_SPECS.items() if spec.operand_format is None)
-"""Element formats ``formats.quantize`` implements (an OperandSpec's ``fmt``)."""
 RECIPE_FORMATS = (HIGH_PRECISION, *FORMAT_SPECS)
 """What PrecisionConfig.format may name."""
-E2M1_FORMATS = tuple(name for name in OPERAND_FORMATS if FORMAT_SPECS[name].element == "e2m1")
 
 
 def format_spec(name: str) -> FormatSpec:
@@ -218,17 +226,6 @@ def format_spec(name: str) -> FormatSpec:
         raise ValueError(f"unknown format {name!r}; expected one of {tuple(FORMAT_SPECS)}") from None
 
 
-def resolve_tile(fmt: str, tile) -> Tile:
-    """The tile an operand of element format ``fmt`` uses: the default when ``tile`` is None.
-
-    ValueError if ``fmt`` is not an element format or the tile is not allowed for it.
-    """
-    if fmt not in OPERAND_FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; expected one of {OPERAND_FORMATS}")
-    spec = FORMAT_SPECS[fmt]
-    if tile is None:
-        return spec.default_tile
-    tile = tuple(int(t) for t in tile)
-    if tile not in spec.allowed_tiles:
-        raise ValueError(f"format {fmt!r} does not support tile {tile}; allowed: {spec.allowed_tiles}")
-    return tile
+def quantize_kernel(fmt: str) -> Optional[str]:
+    """The ``models.quant.kernels`` module that quantizes operands of element format ``fmt`` (None: none)."""
+    return FORMAT_SPECS[fmt].quantize_kernel

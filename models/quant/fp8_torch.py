@@ -19,9 +19,10 @@ fp8_block (TE ``Float8BlockScaling``, DeepSeek-V3's fine-grained FP8; ``recipe_c
 fp8_tensor (TE ``Float8CurrentScaling``): the same with one block, the whole tensor, FLT_MAX for Inf.
 
 Every orientation an operand needs is quantized from the high-precision tensor, never from a
-quantized one: X rowwise (Fprop) and X^T along tokens (Wgrad) come out of one pass over X, dY's
-two orientations out of one pass over dY (``models.quant.fp8_kernels``), and W's 128x128 tiles
-once per forward, written both as W (Fprop) and as W^T (Dgrad); a square tile is the same tile of
+quantized one: X rowwise (Fprop) and X^T along tokens (Wgrad) come out of one kernel call on X
+(a rows pass and a columns pass), dY's two orientations out of one on dY
+(``models.quant.kernels.fp8``), and W's 128x128 tiles from one read per forward, written both as
+W (Fprop) and as W^T (Dgrad); a square tile is the same tile of
 the transpose, so the Dgrad W is the Fprop W, as the chain rule wants. The forward saves W^T's
 and X^T's FP8 codes (1 byte per element) for the backward instead of X.
 
@@ -45,7 +46,7 @@ outputs equal the emulated ones to that accumulator's precision, not to fp32's: 
 bound the difference, and require equality on operands whose sums are exact on any accumulator.
 
 Under ``torch.compile`` the layer traces whole inside compiled blocks: the quantizers and the GEMM
-are custom ops opaque to Inductor (``fp8_kernels.block_quantize_op`` and ``tensor_quantize_op``,
+are custom ops opaque to Inductor (``kernels.fp8.block_quantize_op`` and ``tensor_quantize_op``,
 ``scaled_gemm``). Not done here: weight quantization is not cached across micro-batches.
 
 Sources: TE ``transformer_engine/common/recipe/recipe_common.cuh`` and ``Float8BlockScaling``;
@@ -55,19 +56,17 @@ PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` and ``test/test_scaled_matm
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from models.quant import formats, fp8_kernels
-from models.quant.fp8_kernels import BLOCK, round_up
-from models.quant.format_registry import GEMMS
+from models.quant.element_formats import GEMMS
+from models.quant.fp8_operand import BLOCK, KINDS, Fp8Operand, gemm_layout_scales, quantize_reference  # noqa: F401
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, fp8_block_linear_spec
+from models.quant.kernels import fp8 as fp8_kernels
 from models.quant.quantized_linear import QuantizedLinear, high_precision_gemm
 
-KINDS = ("1x128", "128x128", "tensor")
 # (A kind, B kind) pairs a native GEMM takes: cuBLASLt's blockwise combinations, and per tensor.
 SUPPORTED_PAIRS = (("1x128", "128x128"), ("1x128", "1x128"), ("128x128", "1x128"), ("tensor", "tensor"))
 REQUIREMENT = "torch >= 2.10 (torch.nn.functional.scaled_mm) on a CUDA GPU of compute capability 9.x (Hopper)"
@@ -134,75 +133,6 @@ def check_native_support(device: torch.device, kinds: Iterable[str], name: str =
 # Quantized operands
 
 
-@dataclass
-class Fp8Operand:
-    """One GEMM operand ``A [m, r]`` (reduction dim r last) in the layout the scaled GEMM takes.
-
-    data: float8_e4m3fn [m, r], row-major. scale: decode scales (1 / scale), fp32, laid out by kind:
-    "1x128" [m, r/128] strides (1, m); "128x128" [L4, m/128] strides (1, L4), L4 = round_up(r/128, 4),
-    rows r/128.. zero; "tensor" 0-dim.
-    """
-
-    data: torch.Tensor
-    scale: torch.Tensor
-    kind: str
-
-    def natural_scales(self) -> torch.Tensor:
-        """Decode scales indexed like formats.QuantizedTensor.block_scales: [m/tr, r/128] (0-dim per tensor)."""
-        if self.kind == "128x128":
-            return self.scale[: self.data.shape[1] // BLOCK].t()
-        return self.scale
-
-    def dequantize(self) -> torch.Tensor:
-        """code * decode in fp32, [m, r]."""
-        values = self.data.float()
-        rows, reduction = values.shape
-        scales = self.natural_scales()
-        if self.kind == "tensor":
-            return values * scales
-        if self.kind == "1x128":
-            return (values.reshape(rows, reduction // BLOCK, BLOCK) * scales[:, :, None]).reshape(rows, reduction)
-        blocked = values.reshape(rows // BLOCK, BLOCK, reduction // BLOCK, BLOCK)
-        return (blocked * scales[:, None, :, None]).reshape(rows, reduction)
-
-
-def gemm_layout_scales(natural: torch.Tensor, kind: str) -> torch.Tensor:
-    """Decode scales [m/tr, r/128] (0-dim per tensor) -> the layout of ``Fp8Operand.scale``."""
-    if kind == "tensor":
-        return natural.reshape(())
-    blocks_m, blocks_r = natural.shape
-    natural = natural.to(torch.float32)
-    if kind == "1x128":
-        # A fresh [r/128, m] allocation (default strides even when a dim is 1), seen transposed.
-        return natural.t().clone(memory_format=torch.contiguous_format).t()  # [m, r/128], strides (1, m)
-    if kind == "128x128":
-        padding = natural.new_zeros(blocks_m, round_up(blocks_r, 4) - blocks_r)
-        return torch.cat([natural, padding], dim=1).t()  # [L4, m/128], strides (1, L4)
-    raise ValueError(f"unknown operand kind {kind!r}; expected one of {KINDS}")
-
-
-def quantize_reference(tensor: torch.Tensor, kind: str, *, power_of_two_scales: bool = True,
-                       transpose: bool = False) -> Fp8Operand:
-    """The plain-torch quantizer (any device): operand ``tensor.t() if transpose else tensor``.
-
-    kind "1x128" / "128x128": fp8_block with that tile along the operand's last dim; "tensor":
-    fp8_tensor (power_of_two_scales ignored, as in formats). ``formats.quantize`` itself (the one
-    torch implementation of blockwise FP8), its codes made row-major and its decode scales laid out
-    for the GEMM; the fused Triton kernel is tested bit-identical against this.
-    """
-    if kind not in KINDS:
-        raise ValueError(f"unknown operand kind {kind!r}; expected one of {KINDS}")
-    matrix = (tensor.t() if transpose else tensor).contiguous()  # codes come out row-major, as the GEMM takes them
-    if kind == "tensor":
-        quantized = formats.quantize(matrix, "fp8_tensor")
-        decode = quantized.tensor_scale
-    else:
-        tile = (1, BLOCK) if kind == "1x128" else (BLOCK, BLOCK)
-        quantized = formats.quantize(matrix, "fp8_block", tile=tile, power_of_two_scales=power_of_two_scales)
-        decode = quantized.block_scales
-    return Fp8Operand(quantized.codes, gemm_layout_scales(decode, kind), kind)
-
-
 def operand_kind(spec: OperandSpec, where: str = "") -> str:
     """The native kind of an operand spec; ValueError (prefixed by ``where``) if not FP8-native."""
     if spec.fmt not in ("fp8_block", "fp8_tensor"):
@@ -233,8 +163,8 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
     """Quantize tensor [R, C] as the operand ``tensor`` (blocks along C, spec ``rows``) and/or
     ``tensor^T`` (blocks along R, spec ``columns``), each from the high-precision values.
 
-    Both 1x128 (X, dY) or both 128x128 (W, W^T): the fused Triton kernel when it can run (one read
-    of the tensor, or for 1x128 two passes, ``fp8_kernels.TWO_PASS``), else the torch reference;
+    Both 1x128 (X, dY) or both 128x128 (W, W^T): the Triton kernel when it can run (one read of a
+    128x128-tiled tensor, two passes for 1x128: ``kernels.options.Fp8Options``), else the torch reference;
     per tensor: an amax, then the same kernel for both orientations (dims that divide by 128), else
     the torch reference with its codes transposed for the second orientation (the same numbers as
     quantizing the transpose).

@@ -1,6 +1,7 @@
 """Per-GEMM precision of a linear layer: which format, tile, rounding and RHT each operand of its
 three GEMMs uses, and the builders of the recipes (what ``models.quant.recipe`` calls through
-``format_registry.FORMAT_SPECS[fmt].linear_spec``).
+``format_registry.FORMAT_SPECS[fmt].linear_spec``, which imports this module; this one reads
+the element formats' facts from ``models.quant.element_formats``).
 
 Each GEMM is written A B^T with both operands blocked along its reduction dim (T tokens, K in_features,
 N out_features): Fprop X [T, K] . W [N, K]^T; Dgrad dY [T, N] . W^T [K, N]^T; Wgrad dY^T [N, T] . X^T [K, T]^T
@@ -21,8 +22,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+import torch
+
 from models.quant import formats
-from models.quant.format_registry import E2M1_FORMATS, GEMMS, ROUNDINGS, resolve_tile
+from models.quant.element_formats import E2M1_FORMATS, ELEMENT_FORMATS, GEMMS, ROUNDINGS, resolve_tile
 from models.quant.rht import HADAMARD_SIZE
 
 
@@ -31,7 +34,7 @@ class OperandSpec:
     """How one GEMM operand is quantized, along that GEMM's reduction dim."""
 
     fmt: str
-    """An element format of the registry (format_registry.OPERAND_FORMATS): nvfp4, mxfp4, mxfp8, fp8_block, fp8_tensor."""
+    """An element format (element_formats.OPERAND_FORMATS): nvfp4, mxfp4, mxfp8, fp8_block, fp8_tensor."""
     tile: Optional[Tuple[int, int]] = None
     """Tile (rows, cols) with cols along the reduction dim; None for the format's default."""
     rounding: str = "nearest"
@@ -51,6 +54,15 @@ class OperandSpec:
             raise ValueError(
                 f"the RHT needs 1-row tiles whose length divides into {HADAMARD_SIZE}s, got {self.fmt} {self.tile}"
             )
+
+    def scaled_values_exact_in(self, dtype: torch.dtype) -> bool:
+        """Whether every scaled value q * s_b of this operand is exact in ``dtype``."""
+        if dtype == torch.float32:
+            return True
+        element = ELEMENT_FORMATS[self.fmt]
+        if element.exact_only_with_power_of_two_scales and not self.power_of_two_scales:
+            return False
+        return dtype in element.scaled_values_exact_in
 
     @property
     def transpose_invariant(self) -> bool:
@@ -158,7 +170,7 @@ def nvfp4_linear_spec(
     quantize_dgrad: bool = True,
     quantize_wgrad: bool = True,
 ) -> LinearSpec:
-    """The paper's NVFP4 recipe (DESIGN table); each technique switchable for ablations."""
+    """The paper's NVFP4 recipe (module docstring); each technique switchable for ablations."""
     gradient_rounding = "stochastic" if stochastic_rounding else "nearest"
     weight = OperandSpec("nvfp4", (16, 16) if weight_2d else (1, 16))
     return LinearSpec(

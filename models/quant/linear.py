@@ -33,9 +33,10 @@ Stochastic rounding draws from the layer's ``rounding_rng()``: a torch.Generator
 writes every micro-batch (``QuantizedLinear.sr_seed``), offset per operand by the CRC-32 of the
 operand's name ('Dgrad dY', 'Wgrad dY^T', ...) so no two operands of a layer share draws, else
 torch's global RNG. The seed tensor enters torch.compile and CUDA graphs as a plain input; the
-torch path turns it into a Generator (one host read, eager code only). On CUDA with Triton the
-NVFP4 operands go through ``models.quant.kernels`` (bit-identical for RNE; Philox keyed by the
-seed), unless ``models.quant.kernels.use_triton(False)``.
+torch path turns it into a Generator (one host read, eager code only). On CUDA with Triton an
+operand whose element format names a kernel module (``FormatSpec.quantize_kernel``: NVFP4, MXFP4) goes
+through that module of ``models.quant.kernels`` (bit-identical for RNE; Philox keyed by the seed),
+unless ``models.quant.kernels.use_triton(False)``; the layer holds no format's name.
 
 Shapes are checked in the forward, so a layer that does not divide its blocks fails at once, with
 an error naming the layer, the GEMM, the operand and the dim. Nothing is padded.
@@ -51,17 +52,8 @@ import torch
 
 from models.quant import formats
 from models.quant.bf16_rounding import round_to_bf16_by_bits
-from models.quant.gemm_spec import (  # noqa: F401 - re-exported: the specs' long-standing import path
-    GemmSpec,
-    LinearSpec,
-    OperandSpec,
-    check_linear_shapes,
-    fp8_block_linear_spec,
-    fp8_tensor_linear_spec,
-    mxfp4_linear_spec,
-    mxfp8_linear_spec,
-    nvfp4_linear_spec,
-)
+from models.quant.format_registry import quantize_kernel
+from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec
 from models.quant.quantized_linear import QuantizedLinear, high_precision_gemm
 from models.quant.rht import rht
 
@@ -86,47 +78,43 @@ class _Operand:
         return values if self.decode is None else values * self.decode
 
 
-def _use_kernel(tensor: torch.Tensor, spec: OperandSpec, transpose: bool) -> bool:
-    if not tensor.is_cuda or spec.fmt != "nvfp4":
-        return False
-    if spec.rht and not transpose:  # the kernels apply the RHT along dim 0 only (Wgrad's case)
-        return False
-    if transpose and spec.tile == (1, 16) and tensor.shape[0] % 16 != 0:
-        return False
+def _kernel_family(tensor: torch.Tensor, spec: OperandSpec):
+    """The ``models.quant.kernels`` module the registry names for the operand's format, or None (no
+    kernel for the format, or not a CUDA tensor)."""
+    family = quantize_kernel(spec.fmt)
+    if family is None or not tensor.is_cuda:
+        return None
     from models.quant import kernels  # imported here: no Triton import on CPU-only runs
 
-    return kernels.supports(tensor)
+    return getattr(kernels, family)
+
+
+def _use_kernel(tensor: torch.Tensor, spec: OperandSpec, transpose: bool):
+    """The kernel module that quantizes the operand ``tensor.t() if transpose else tensor``, or None
+    (the torch reference runs)."""
+    family = _kernel_family(tensor, spec)
+    if family is None or not family.operand_supported(tensor, spec, transpose):
+        return None
+    return family
 
 
 def _shared_scales(tensor: torch.Tensor, rows_spec: Optional[OperandSpec],
                    columns_spec: Optional[OperandSpec]) -> Optional[torch.Tensor]:
-    """[S_enc, S_dec, max |tensor|] from one read when ``tensor`` is quantized by the kernels both along
-    rows (1x16, ``rows_spec``: Fprop X, Dgrad dY) and along columns with the RHT (``columns_spec``:
-    Wgrad X^T, dY^T), else None. The two quantize calls then skip their amax passes: three reads of
-    the tensor for its two orientations instead of four, and the same outputs
-    (``kernels.rows_and_rht_columns_scales``)."""
-    if rows_spec is None or columns_spec is None or rows_spec.tile != (1, 16) or columns_spec.tile != (1, 16):
+    """What the kernels of a tensor quantized in both orientations (X: Fprop and Wgrad; dY: Dgrad and
+    Wgrad) can share between the two calls from one read (NVFP4: the global scales of both), or
+    None; the outputs are the same either way."""
+    if rows_spec is None or columns_spec is None:
         return None
-    if rows_spec.rht or not columns_spec.rht:
+    family = _kernel_family(tensor, rows_spec)
+    if family is None or _kernel_family(tensor, columns_spec) is not family:
         return None
-    if not (_use_kernel(tensor, rows_spec, transpose=False) and _use_kernel(tensor, columns_spec, transpose=True)):
-        return None
-    from models.quant import kernels
-
-    if not kernels.SHARED_SCALES:
-        return None
-    return kernels.rows_and_rht_columns_scales(tensor)
+    return family.shared_scales(tensor, rows_spec, columns_spec)
 
 
 def _scaled_values_exact(spec: OperandSpec, compute_dtype: torch.dtype) -> bool:
-    """Whether q * s_b is exact in the (16-bit) compute dtype, so the GEMM can run on scaled values."""
-    if compute_dtype == torch.float32:
-        return False  # fp32 compute multiplies fully dequantized operands
-    if spec.fmt in ("nvfp4", "fp8_tensor"):
-        return True  # |q * s_b| in [2^-10, 2688] with <= 7 significant bits: exact in bf16 and fp16
-    if compute_dtype != torch.bfloat16:
-        return False  # MX and fp8_block scales span fp32's exponent range; fp16's does not
-    return spec.fmt != "fp8_block" or spec.power_of_two_scales
+    """Whether the GEMM can run on scaled values q * s_b in the (16-bit) compute dtype."""
+    # fp32 compute multiplies fully dequantized operands
+    return compute_dtype != torch.float32 and spec.scaled_values_exact_in(compute_dtype)
 
 
 RoundingRng = Union[torch.Generator, torch.Tensor, None]
@@ -168,29 +156,17 @@ def _quantize_operand(
 
     ``name`` labels the operand in errors ('Fprop X', ...): a constant, so torch.compile does not
     specialize on the layer (the layer's own checks, which name it, ran in the forward).
-    ``shared_scales``: ``_shared_scales(tensor, ...)``, taken by the kernels instead of an amax pass.
+    ``shared_scales``: ``_shared_scales(tensor, ...)``, taken by the kernels instead of a pass of their own.
     """
     exact = _scaled_values_exact(spec, compute_dtype)
     values_dtype = compute_dtype if exact else torch.float32
-    stochastic = spec.rounding == "stochastic"
-    seeded = stochastic and isinstance(rng, torch.Tensor)
+    seeded = spec.rounding == "stochastic" and isinstance(rng, torch.Tensor)
     generator = rng if isinstance(rng, torch.Generator) else None
-    if _use_kernel(tensor, spec, transpose):
-        from models.quant import kernels
-
+    family = _use_kernel(tensor, spec, transpose)
+    if family is not None:
         seed = _operand_seed(rng, name) if seeded else None
-        if transpose and spec.tile == (1, 16):
-            out = kernels.nvfp4_quantize_columns(
-                tensor, rht=spec.rht, stochastic=stochastic, seed=seed, generator=generator, out_dtype=values_dtype,
-                global_scales=shared_scales, name=name,
-            )
-        else:  # rows, or a 16x16 tiling, which is the same for the tensor and its transpose
-            out = kernels.nvfp4_quantize_rows(
-                tensor, two_d=spec.tile == (16, 16), stochastic=stochastic, seed=seed, generator=generator,
-                out_dtype=values_dtype, amax=None if shared_scales is None else shared_scales[2:], name=name,
-            )
-        values = out.values.t() if transpose else out.values
-        decode = out.decode_scale.reshape(())
+        values, decode = family.quantize_operand(tensor, spec, transpose=transpose, seed=seed, generator=generator,
+                                                 out_dtype=values_dtype, scales=shared_scales, name=name)
     else:
         # A transposed operand stays a view of the tensor's storage: the RHT and the quantizer
         # keep its memory order, and the GEMM takes it as a transposed matrix (no copies).
@@ -246,32 +222,31 @@ def _gemm(a: _Operand, b: _Operand, compute_dtype: torch.dtype,
         return out.to(compute_dtype).to(result_dtype)
     out = _matmul_fp32_accumulate(a.values, b.values.t())
     decodes = [scale for scale in (a.decode, b.decode) if scale is not None]
-    if not decodes:
-        return out.to(compute_dtype).to(result_dtype)
     # Under torch.compile a bf16 result is left to plain torch ops, which Inductor fuses into the
     # kernel that consumes it (the activation, the residual add, the gradient's next op) instead of a
     # separate pass writing a bf16 copy; Wgrad's FP32 result keeps the kernel, which writes in place.
     traced = torch.compiler.is_compiling() and result_dtype == compute_dtype == torch.bfloat16
     if _use_epilogue_kernel(out, compute_dtype, result_dtype) and not traced:
-        from models.quant import kernels
+        from models.quant.kernels import epilogue
 
-        # One vectorized pass, the two decode scales multiplied inside it; the FP32 Wgrad is
-        # written in place over the fp32 GEMM output.
-        return kernels.scale_gemm_output(out, decodes[0], compute_dtype, widen_to=result_dtype,
-                                         decode_b=decodes[1] if len(decodes) == 2 else None)
+        # One vectorized pass, the decode scales (none for MX formats) multiplied inside it; the
+        # FP32 Wgrad is written in place over the fp32 GEMM output.
+        return epilogue.scale_gemm_output(out, decodes[0] if decodes else None, compute_dtype, widen_to=result_dtype,
+                                          decode_b=decodes[1] if len(decodes) == 2 else None)
     # (out * S_dec) in fp32, the two decode scales multiplied first (a's first), rounded once to the
     # compute dtype (torch.compile fuses the two; an out= of another dtype, which would do it in one
     # eager pass, is a graph break). bf16 is rounded on the bits: Inductor may drop the rounding of a
     # bf16 cast that it fuses into an fp32 consumer (models.quant.bf16_rounding).
-    decode = decodes[0] if len(decodes) == 1 else decodes[0] * decodes[1]
-    scaled = out.mul_(decode)
+    scaled = out
+    if decodes:
+        scaled = out.mul_(decodes[0] if len(decodes) == 1 else decodes[0] * decodes[1])
     if compute_dtype == torch.bfloat16:
         return round_to_bf16_by_bits(scaled).to(result_dtype)  # exact: already a bf16 value
     return scaled.to(compute_dtype).to(result_dtype)
 
 
 def _use_epilogue_kernel(out: torch.Tensor, compute_dtype: torch.dtype, result_dtype: torch.dtype) -> bool:
-    """Whether kernels.scale_gemm_output takes this fp32 GEMM output (CUDA, Triton switched on)."""
+    """Whether kernels.epilogue.scale_gemm_output takes this fp32 GEMM output (CUDA, Triton switched on)."""
     if not out.is_cuda:
         return False
     from models.quant import kernels  # imported here: no Triton import on CPU-only runs

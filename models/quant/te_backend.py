@@ -16,7 +16,7 @@ Backward GEMMs in high precision (quantize_dgrad = quantize_wgrad = false) map t
 backward_override='high_precision'; TE cannot quantize Dgrad and not Wgrad (or the reverse),
 nor keep Fprop alone in BF16: those combinations are refused with the reason.
 
-Hardware (measured with TE 2.20.2 on H200, see ../shared/device/README.md): FP8 recipes run
+Hardware (measured with TE 2.20.2 on the H200): FP8 recipes run
 on compute capability 9.0; NVFP4 and MXFP8 need 10.0 (Blackwell) and TE refuses them earlier.
 Layers kept in BF16 stay plain nn.Linear, outside TE's reach, so the autocast around the whole
 model leaves them untouched.

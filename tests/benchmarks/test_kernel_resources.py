@@ -1,8 +1,8 @@
-"""The NVFP4 quantization kernels compile for the H200 (sm_90a) without spilling registers, checked
+"""The NVFP4 and MXFP4 quantization kernels compile for the H200 (sm_90a) without spilling registers, checked
 on the CPU (benchmarks/kernel_resources.py: Triton compiles, its bundled ptxas assembles).
 
-Once before, a change that made the kernels faster made the 2D one spill under Triton 3.6 (255
-registers, 6-7x slower on the GPU, docs/performance.md run Y) while Triton 3.7 compiled it fine.
+A change that made the kernels faster once made the 2D one spill under Triton 3.6 (255 registers,
+6-7x slower on the GPU) while Triton 3.7 compiled it fine.
 So the check runs with the installed Triton and, where CI provides it (TRITON_GPU_MACHINE_PATH, a
 directory holding the GPU machine's Triton), with that one in a subprocess.
 """
@@ -24,7 +24,7 @@ def _check(rows) -> None:
     from benchmarks.kernel_resources import VARIANTS
 
     by_name = {(row.name, row.input_dtype): row for row in rows}
-    assert len(by_name) == 2 * len(VARIANTS) == 24, sorted(by_name)
+    assert len(by_name) == 2 * len(VARIANTS) == 40, sorted(by_name)
     for row in rows:
         assert row.spill_bytes == 0 and row.local_memory_instructions == 0, row
         assert row.registers <= 128, row
@@ -34,10 +34,12 @@ def _check(rows) -> None:
         rows_sass = by_name[("rows 1x16 RNE", dtype)].sass_instructions
         assert by_name[("2D 16x16 RNE", dtype)].sass_instructions < 1.5 * rows_sass, by_name
         # Stochastic rounding along the columns moves its random words through shared memory at its
-        # 2 x 128 x 4 launch (kernels.COLUMNS_STOCHASTIC_CONFIG: faster on the H200 all the same);
+        # 2 x 128 x 4 launch (Nvfp4Options.columns_stochastic: faster on the H200 all the same);
         # RNE moves nothing there: a barrier in it would mean a layout change to look at.
         assert by_name[("columns 16x1 RNE", dtype)].barriers == 0, by_name
         assert by_name[("columns 16x1 RHT RNE", dtype)].barriers == 0, by_name
+        for name in ("mx columns 32x1 RNE", "mx columns 32x1 RHT RNE", "mx columns 32x1 RHT SR"):
+            assert by_name[(name, dtype)].barriers == 0, by_name
 
 
 def test_kernels_compile_without_spills_with_the_installed_triton():

@@ -1,6 +1,6 @@
 """Independent oracles for the low-precision formats: numpy fp32 arithmetic plus ml_dtypes casts.
 
-Written from the formulas in DESIGN.md / the OCP MX spec / TE's recipe code, without calling
+Written from the NVFP4 formulas of docs/numerics.md, the OCP MX spec and TE's recipe code, without calling
 models.quant: E2M1, E4M3 and E8M0 rounding come from ml_dtypes (round half to even), scalar
 arithmetic is numpy float32 (IEEE), powers of two come from bit fields or np.frexp.
 """
@@ -58,7 +58,7 @@ def e2m1_stochastic(values: np.ndarray, uniform: np.ndarray) -> np.ndarray:
 
 
 def nvfp4(x: np.ndarray, tile=(1, 16), uniform=None):
-    """DESIGN.md's NVFP4 formulas. Returns dict: xhat, scaled (q*s_b), q, codes (RNE only), s_b, decode."""
+    """The NVFP4 formulas of docs/numerics.md. Returns dict: xhat, scaled (q*s_b), q, codes (RNE only), s_b, decode."""
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         amax = F32(np.max(np.abs(x)))
         encode = F32(F32(448.0 * 6.0) / amax)
@@ -188,3 +188,56 @@ def fresh_input(rows: int, cols: int, scale: float, dtype: torch.dtype, *, block
     row = torch.randint(0, rows, (1,)).item()
     x[row, cols - block :] = 0.0  # an all-zero block
     return x.to(dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Stochastic rounding's random bits in the E2M1 kernels, re-implemented from the Philox4x32-10
+# definition (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the round and
+# key constants of Random123, which Triton's tl.randint4x uses) in numpy uint64 arithmetic.
+
+PHILOX_ROUND = (0xD2511F53, 0xCD9E8D57)
+PHILOX_KEY_STEP = (0x9E3779B9, 0xBB67AE85)
+MASK_32 = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32_10(seed: int, counters: np.ndarray):
+    """The four 32-bit words (uint64 arrays) of Philox4x32-10 for each counter (uint64 offsets): key
+    = (seed low, seed high 32 bits), counter = (offset low, offset high, 0, 0)."""
+    counters = np.asarray(counters, dtype=np.uint64)
+    c0, c1 = counters & MASK_32, counters >> np.uint64(32)
+    c2 = c3 = np.zeros_like(counters)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    a, b = np.uint64(PHILOX_ROUND[0]), np.uint64(PHILOX_ROUND[1])
+    for _ in range(10):
+        product_a, product_b = a * c0, b * c2  # < 2^64: exact in uint64
+        c0, c1, c2, c3 = ((product_b >> np.uint64(32)) ^ c1 ^ k0, product_b & MASK_32,
+                          (product_a >> np.uint64(32)) ^ c3 ^ k1, product_a & MASK_32)
+        k0 = (k0 + np.uint64(PHILOX_KEY_STEP[0])) & MASK_32
+        k1 = (k1 + np.uint64(PHILOX_KEY_STEP[1])) & MASK_32
+    return c0, c1, c2, c3
+
+
+def _uniform_of_byte(word: np.ndarray, byte: np.ndarray) -> np.ndarray:
+    return ((((word >> (np.uint64(8) * byte.astype(np.uint64))) & np.uint64(255)).astype(np.float64) + 0.5)
+            / 256.0).astype(np.float32)
+
+
+def mx_rows_uniforms(seed: int, rows: int, cols: int) -> torch.Tensor:
+    """The uniforms the MX rows kernel draws for x [rows, cols]: element (r, c) is byte c % 4 of word
+    (w0, w2, w1, w3)[(c % 16) // 4] of Philox at the offset of (r, 16 * (c // 16))."""
+    r, c = np.meshgrid(np.arange(rows, dtype=np.uint64), np.arange(cols, dtype=np.uint64), indexing="ij")
+    words = philox4x32_10(seed, r * np.uint64(cols) + (c // np.uint64(16)) * np.uint64(16))
+    ordered = np.stack([words[0], words[2], words[1], words[3]])
+    position = ((c % np.uint64(16)) // np.uint64(4)).astype(np.int64)
+    word = np.take_along_axis(ordered, position[None], axis=0)[0]
+    return torch.from_numpy(_uniform_of_byte(word, c % np.uint64(4)))
+
+
+def mx_columns_uniforms(seed: int, rows: int, cols: int) -> torch.Tensor:
+    """The uniforms the MX columns kernel draws for x [rows, cols]: element (r, c) is byte r % 4 of
+    word (r % 16) // 4 of Philox at the offset of (16 * (r // 16), c)."""
+    r, c = np.meshgrid(np.arange(rows, dtype=np.uint64), np.arange(cols, dtype=np.uint64), indexing="ij")
+    words = np.stack(philox4x32_10(seed, (r // np.uint64(16)) * np.uint64(16 * cols) + c))
+    position = ((r % np.uint64(16)) // np.uint64(4)).astype(np.int64)
+    word = np.take_along_axis(words, position[None], axis=0)[0]
+    return torch.from_numpy(_uniform_of_byte(word, r % np.uint64(4)))

@@ -23,15 +23,15 @@ from models.quant.fp8_torch import (
     quantize_operands,
     quantize_reference,
 )
-from models.quant.linear import (
+from models.quant.gemm_spec import (
     GemmSpec,
     LinearSpec,
     OperandSpec,
-    QuantLinear,
     fp8_block_linear_spec,
     fp8_tensor_linear_spec,
     nvfp4_linear_spec,
 )
+from models.quant.linear import QuantLinear
 
 import quant_oracles as oracle
 
@@ -339,8 +339,8 @@ def test_bias_is_added_after_the_gemm():
 
 
 def test_per_tensor_kernel_shapes_it_takes():
-    """fp8_kernels.fp8_tensor_quantize's shapes; others (empty ones included) go to the torch reference."""
-    from models.quant import fp8_kernels
+    """kernels.fp8.fp8_tensor_quantize's shapes; others (empty ones included) go to the torch reference."""
+    from models.quant.kernels import fp8 as fp8_kernels
 
     assert fp8_kernels.supports_tensor_shape((200, 256), columns=False)  # ragged rows, rows only: masked
     assert not fp8_kernels.supports_tensor_shape((200, 256), columns=True)  # x^T needs whole 128-row blocks
@@ -402,7 +402,7 @@ def test_compiled_quantize_op_fakes_plan_the_gemm_layouts(kind, rows, columns, n
     compares these with the kernels' real outputs."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from models.quant import fp8_kernels
+    from models.quant.kernels import fp8 as fp8_kernels
 
     num_cols = 640
     with FakeTensorMode() as fake_mode:

@@ -24,9 +24,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from models.quant import formats, fp8_kernels, fp8_torch, kernels
+from models.quant import formats, fp8_torch, kernels
 from models.quant.fp8_torch import Fp8Operand, TorchFp8Linear, fp8_gemm, quantize_operands, quantize_reference
-from models.quant.linear import OperandSpec, QuantLinear, fp8_block_linear_spec, fp8_tensor_linear_spec
+from models.quant.gemm_spec import OperandSpec, fp8_block_linear_spec, fp8_tensor_linear_spec
+from models.quant.kernels import fp8 as fp8_kernels
+from models.quant.kernels.options import Fp8Options
+from models.quant.linear import QuantLinear
 
 pytestmark = pytest.mark.gpu
 
@@ -158,18 +161,19 @@ def test_per_tensor_kernel_bit_identical_to_reference(shape, dtype, case):
 
 @pytest.mark.parametrize("shape", [(256, 640), (8192, 5120)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("two_pass", [(), (32, 32), (64, 16), (64, 64)])
+@pytest.mark.parametrize("two_pass", [(32, 32), (64, 16), (64, 64), (128, 128)])
 def test_two_pass_quantization_bit_identical_to_reference(shape, dtype, two_pass):
-    """fp8_kernels.TWO_PASS: one read (()) and a rows-only plus a columns-only pass give the reference's codes and scales."""
+    """Fp8Options' rows-only plus columns-only passes, of several tile shapes, give the reference's codes and scales."""
+    options = Fp8Options(rows_pass_tile_rows=two_pass[0], columns_pass_tile_cols=two_pass[1])
     x = _fresh(*shape, dtype)
     _poison_allocator(4 * x.numel())
-    for kind, tile_2d in (("1x128", False), ("128x128", True)):  # 2D tiles ignore two_pass: one read
+    for kind, tile_2d in (("1x128", False), ("128x128", True)):  # 2D tiles are read once for both
         row_codes, row_scales, col_codes, col_scales = fp8_kernels.fp8_block_quantize(
-            x, tile_2d=tile_2d, rows=True, columns=True, two_pass=two_pass)
+            x, tile_2d=tile_2d, rows=True, columns=True, options=options)
         _assert_operands_identical(Fp8Operand(row_codes, row_scales, kind), quantize_reference(x, kind), kind)
         _assert_operands_identical(Fp8Operand(col_codes, col_scales, kind),
                                    quantize_reference(x, kind, transpose=True), kind)
-    row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(x, rows=True, columns=True, two_pass=two_pass)
+    row_codes, col_codes, decode = fp8_kernels.fp8_tensor_quantize(x, rows=True, columns=True, options=options)
     _assert_operands_identical(Fp8Operand(row_codes, decode, "tensor"), quantize_reference(x, "tensor"), "tensor")
     _assert_operands_identical(Fp8Operand(col_codes, decode, "tensor"), quantize_reference(x, "tensor", transpose=True),
                                "tensor")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from models.quant import formats
+from models.quant.formats import elements
 from models.quant.formats import fake_quantize, quantize, quantize_scaled_values
 
 import quant_oracles as oracle
@@ -425,15 +426,15 @@ def test_e2m1_stochastic_rounding_of_the_values_path_with_crafted_uniforms():
     ]
     for v in (magnitude, -magnitude):
         for u in uniforms:
-            codes = formats._round_e2m1(v, "stochastic", u)
+            codes = elements.round_e2m1(v, "stochastic", u)
             from_codes = torch.where(codes >= 8, -grid[(codes & 7).long()], grid[(codes & 7).long()])
-            values = formats._round_e2m1_magnitude_(v.abs(), "stochastic", u).copysign_(v)
+            values = elements.round_e2m1_magnitude_(v.abs(), "stochastic", u).copysign_(v)
             _assert_same_bits(values, from_codes, "SR values path vs codes path")
             expected = oracle.e2m1_stochastic(v.numpy(), u.numpy())
             _assert_equal(values, expected, "SR values path vs float64 oracle")
     # the crafted uniforms really decide: u == frac stays down, u just below frac goes up
-    at = formats._round_e2m1_magnitude_(torch.tensor([0.75]), "stochastic", torch.tensor([0.5]))
-    below = formats._round_e2m1_magnitude_(torch.tensor([0.75]), "stochastic", torch.tensor([0.5 - 2.0**-25]))
+    at = elements.round_e2m1_magnitude_(torch.tensor([0.75]), "stochastic", torch.tensor([0.5]))
+    below = elements.round_e2m1_magnitude_(torch.tensor([0.75]), "stochastic", torch.tensor([0.5 - 2.0**-25]))
     assert at.item() == 0.5 and below.item() == 1.0
 
 
@@ -443,7 +444,7 @@ def test_values_path_never_builds_codes(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the values path built E2M1 codes")
 
-    monkeypatch.setattr(formats, "_round_e2m1", forbidden)
+    monkeypatch.setattr(elements, "round_e2m1", forbidden)
     x = torch.randn(32, 64)
     for fmt in ("nvfp4", "mxfp4"):
         for rounding in formats.ROUNDINGS:
@@ -451,3 +452,18 @@ def test_values_path_never_builds_codes(monkeypatch):
             fake_quantize(x, fmt, rounding=rounding)
     with pytest.raises(AssertionError, match="built E2M1 codes"):
         quantize(x, "nvfp4")  # the codes path does, of course
+
+
+def test_given_uniforms_round_as_the_generators_draws():
+    """quantize(..., uniform=u) rounds with u exactly as with a generator that draws u (the form the
+    MX kernels' reference takes); a wrong shape or rounding is refused."""
+    x = torch.randn(8, 64)
+    for fmt in ("nvfp4", "mxfp4"):
+        drawn = quantize(x, fmt, rounding="stochastic", generator=torch.Generator().manual_seed(3))
+        uniform = torch.rand(8, 64, generator=torch.Generator().manual_seed(3))
+        given = quantize(x, fmt, rounding="stochastic", uniform=uniform)
+        assert torch.equal(given.codes, drawn.codes) and torch.equal(given.dequantize(), drawn.dequantize()), fmt
+    with pytest.raises(ValueError, match="uniform must be fp32"):
+        quantize(x, "mxfp4", rounding="stochastic", uniform=torch.rand(8, 32))
+    with pytest.raises(ValueError, match="rounding='stochastic'"):
+        quantize(x, "mxfp4", uniform=torch.rand(8, 64))

@@ -1,4 +1,4 @@
-"""Triton NVFP4 kernels vs the torch reference (models.quant.formats) on the GPU.
+"""Triton NVFP4 kernels vs their torch references (models.quant.kernels.nvfp4's *_ref) on the GPU.
 
 RNE: bit-identical codes, E4M3 block scales, scaled values and decode scale, on fresh inputs of
 several scales and shapes (8192x5120 included). SR: always a neighbour, unbiased.
@@ -7,6 +7,7 @@ Run on the GPU machine: ``pytest -m gpu tests/models/quant``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from models.quant import formats
 from models.quant.formats import quantize
+from models.quant.gemm_spec import nvfp4_linear_spec
 from models.quant.rht import rht
 
 import quant_oracles as oracle
@@ -26,12 +28,17 @@ SCALES = [1e-3, 1.0, 3e3]
 
 @pytest.fixture(scope="module")
 def kernels():
+    """The kernels package (its families: kernels.nvfp4, kernels.nvfp4_amax, kernels.epilogue)."""
     pytest.importorskip("triton")
-    from models.quant import kernels as module
+    from models.quant import kernels as package
 
-    module.use_triton(True)
-    assert module.enabled()
-    return module
+    package.use_triton(True)
+    assert package.enabled()
+    return package
+
+
+def _options(kernels, **changes):
+    return dataclasses.replace(kernels.options.NVFP4_OPTIONS, **changes)
 
 
 def _poison_allocator(numel_bytes: int) -> None:
@@ -69,8 +76,8 @@ def _compare(out, reference, *, transposed: bool):
 def test_rows_kernel_bit_identical(kernels, shape, scale, dtype, two_d):
     x = _input(shape, scale, dtype)
     _poison_allocator(x.numel() * 4)
-    out = kernels.nvfp4_quantize_rows(x, two_d=two_d, write_codes=True, out_dtype=torch.bfloat16)
-    reference = quantize(x, "nvfp4", tile=(16, 16) if two_d else (1, 16))
+    out = kernels.nvfp4.quantize_rows(x, two_d=two_d, write_codes=True, out_dtype=torch.bfloat16)
+    reference = kernels.nvfp4.quantize_rows_ref(x, two_d=two_d)
     _compare(out, reference, transposed=False)
 
 
@@ -78,23 +85,23 @@ def test_rows_kernel_bit_identical(kernels, shape, scale, dtype, two_d):
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("use_rht", [False, True])
-def test_columns_kernel_bit_identical(kernels, monkeypatch, shape, scale, dtype, use_rht):
+def test_columns_kernel_bit_identical(kernels, shape, scale, dtype, use_rht):
     x = _input(shape, scale, dtype)
-    reference = quantize(rht(x.t()) if use_rht else x.t(), "nvfp4")
-    # bf16 input with the RHT: both ways of rounding the transform to bf16 (kernels.BF16_ROUNDING)
+    reference = kernels.nvfp4.quantize_columns_ref(x, rht=use_rht)
+    # bf16 input with the RHT: both ways of rounding the transform to bf16 (Nvfp4Options.bf16_rounding)
     for bf16_rounding in ("integer", "hardware") if use_rht and dtype == torch.bfloat16 else ("integer",):
-        monkeypatch.setattr(kernels, "BF16_ROUNDING", bf16_rounding)
         _poison_allocator(x.numel() * 4)
-        out = kernels.nvfp4_quantize_columns(x, rht=use_rht, write_codes=True, out_dtype=torch.float32)
+        out = kernels.nvfp4.quantize_columns(x, rht=use_rht, write_codes=True, out_dtype=torch.float32,
+                                             options=_options(kernels, bf16_rounding=bf16_rounding))
         _compare(out, reference, transposed=True)
 
 
 @pytest.mark.parametrize("bf16_rounding", ["integer", "hardware"])
-def test_rht_rounding_to_bf16_ties_and_subnormals(kernels, monkeypatch, bf16_rounding):
+def test_rht_rounding_to_bf16_ties_and_subnormals(kernels, bf16_rounding):
     """The transform's bf16 rounding on values that land on ties (1 + 2^-8 between 1 and 1 + 2^-7,
     and others), on bf16 subnormals and on random values, through the RHT amax pass (whose amax sets the
     decode scale) and the columns kernel, against torch's rht (a CUDA .to(bfloat16))."""
-    monkeypatch.setattr(kernels, "BF16_ROUNDING", bf16_rounding)
+    options = _options(kernels, bf16_rounding=bf16_rounding)
     columns = []
     for first, second in [(1.0, 2.0**-8), (1.0, 3 * 2.0**-8), (1.5, 2.0**-8), (3.0, 2.0**-7), (1e-38, 1e-40),
                           (2.0**-126, 2.0**-133)]:
@@ -105,9 +112,9 @@ def test_rht_rounding_to_bf16_ties_and_subnormals(kernels, monkeypatch, bf16_rou
     x[:, -16:] = torch.randn(64, 16) * 1e-39  # subnormal inputs
     x = torch.cat([x, torch.randn(64, 80)], dim=1).to(torch.bfloat16).cuda()
     transformed = rht(x.t())
-    _compare(kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True), quantize(transformed, "nvfp4"),
-             transposed=True)
-    shared = kernels.rows_and_rht_columns_scales(x)
+    _compare(kernels.nvfp4.quantize_columns(x, rht=True, write_codes=True, options=options),
+             quantize(transformed, "nvfp4"), transposed=True)
+    shared = kernels.nvfp4_amax.rows_and_rht_columns_scales(x, options=options)
     expected = quantize(transformed, "nvfp4")
     assert torch.equal(shared[1:2], expected.tensor_scale.reshape(1))
 
@@ -118,9 +125,9 @@ def test_ties_bit_identical(kernels):
     block0 = [3.0] + [t / 2 for t in ties] + [-t / 2 for t in ties] + [0.0]
     rows = [block0, [17 / 64] * 16, [19 / 64] * 16, [1.5 * 2.0**-15] * 16, [7.0] + [0.0] * 15]
     x = torch.tensor(rows).reshape(1, 80).repeat(16, 1).cuda()
-    out = kernels.nvfp4_quantize_rows(x, write_codes=True)
+    out = kernels.nvfp4.quantize_rows(x, write_codes=True)
     _compare(out, quantize(x, "nvfp4"), transposed=False)
-    out = kernels.nvfp4_quantize_columns(x.t().contiguous(), write_codes=True)
+    out = kernels.nvfp4.quantize_columns(x.t().contiguous(), write_codes=True)
     _compare(out, quantize(x, "nvfp4"), transposed=True)
 
 
@@ -140,21 +147,20 @@ def test_gpu_reference_matches_cpu_reference():
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_non_finite_input_gives_nan_everywhere(kernels, monkeypatch, bad):
+def test_non_finite_input_gives_nan_everywhere(kernels, bad):
     x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
     x[7, 9] = bad
-    with_rht = []
-    for bf16_rounding in ("integer", "hardware"):
-        monkeypatch.setattr(kernels, "BF16_ROUNDING", bf16_rounding)
-        with_rht.append(kernels.nvfp4_quantize_columns(x, rht=True, write_codes=True))
+    with_rht = [kernels.nvfp4.quantize_columns(x, rht=True, write_codes=True,
+                                               options=_options(kernels, bf16_rounding=bf16_rounding))
+                for bf16_rounding in ("integer", "hardware")]
     for out in (
-        kernels.nvfp4_quantize_rows(x, write_codes=True),
-        kernels.nvfp4_quantize_rows(x, two_d=True, write_codes=True),
+        kernels.nvfp4.quantize_rows(x, write_codes=True),
+        kernels.nvfp4.quantize_rows(x, two_d=True, write_codes=True),
         *with_rht,
     ):
         assert out.decode_scale.isnan().all()
         assert (out.values.float() * out.decode_scale).isnan().all()
-    _compare(kernels.nvfp4_quantize_rows(x, write_codes=True), quantize(x, "nvfp4"), transposed=False)
+    _compare(kernels.nvfp4.quantize_rows(x, write_codes=True), quantize(x, "nvfp4"), transposed=False)
 
 
 def _check_stochastic(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -182,7 +188,7 @@ def _grid_values(codes: torch.Tensor) -> torch.Tensor:
 def _stochastic_rows(kernels, draws: int, seed: int):
     """One random bf16 row of 64 quantized `draws` times with SR: (out, grid values, scaled targets v)."""
     row = (torch.randn(1, 64, device="cuda") * 2).to(torch.bfloat16)
-    out = kernels.nvfp4_quantize_rows(row.expand(draws, 64).contiguous(), stochastic=True, write_codes=True, seed=seed)
+    out = kernels.nvfp4.quantize_rows(row.expand(draws, 64).contiguous(), stochastic=True, write_codes=True, seed=seed)
     reciprocal = torch.minimum(
         1.0 / (out.block_scales.float()[0].repeat_interleave(16) * out.decode_scale), torch.tensor(formats.FLT_MAX)
     )
@@ -193,7 +199,7 @@ def test_stochastic_rows_neighbours_and_unbiased(kernels):
     draws = 20000
     out, row, q, v = _stochastic_rows(kernels, draws, seed=1)
     _check_stochastic(q, v)
-    again = kernels.nvfp4_quantize_rows(row.expand(draws, 64).contiguous(), stochastic=True, write_codes=True, seed=2)
+    again = kernels.nvfp4.quantize_rows(row.expand(draws, 64).contiguous(), stochastic=True, write_codes=True, seed=2)
     assert not torch.equal(again.codes, out.codes)
 
 
@@ -201,7 +207,7 @@ def test_stochastic_columns_with_rht_neighbours_and_unbiased(kernels):
     draws = 20000
     column = (torch.randn(16, 1, device="cuda") * 2).to(torch.bfloat16)
     x = column.expand(16, draws).contiguous()  # every column is one independent draw
-    out = kernels.nvfp4_quantize_columns(x, rht=True, stochastic=True, write_codes=True)
+    out = kernels.nvfp4.quantize_columns(x, rht=True, stochastic=True, write_codes=True)
     transformed = rht(column.t()).float()[0]  # [16]
     scale = out.block_scales.float()[0, 0]
     reciprocal = torch.minimum(1.0 / (scale * out.decode_scale), torch.tensor(formats.FLT_MAX))
@@ -231,14 +237,14 @@ def test_stochastic_draws_independent_within_philox_calls(kernels):
     _assert_draws_independent(*_stochastic_rows(kernels, draws, seed=3)[2:])
 
     column = (torch.randn(16, 1, device="cuda") * 2).to(torch.bfloat16)
-    out = kernels.nvfp4_quantize_columns(column.expand(16, draws).contiguous(), rht=True, stochastic=True,
+    out = kernels.nvfp4.quantize_columns(column.expand(16, draws).contiguous(), rht=True, stochastic=True,
                                          write_codes=True, seed=3)
     reciprocal = torch.minimum(1.0 / (out.block_scales.float()[0, 0] * out.decode_scale), torch.tensor(formats.FLT_MAX))
     _assert_draws_independent(_grid_values(out.codes).t(), (rht(column.t()).float()[0] * reciprocal).clamp(-6, 6))
 
 
 def test_quant_linear_kernels_match_torch_path(kernels):
-    from models.quant.linear import QuantLinear, nvfp4_linear_spec
+    from models.quant.linear import QuantLinear
 
     torch.manual_seed(0)
     module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=False)).cuda()
@@ -263,61 +269,76 @@ def test_quant_linear_kernels_match_torch_path(kernels):
     assert (dw_fast == dw_ref).float().mean() > 0.99
 
 
-@pytest.mark.parametrize("stochastic_rounding", [False, True])
+@pytest.mark.parametrize("shape", [(256, 384), (8192, 5120)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_quant_linear_shared_scales_change_nothing(kernels, monkeypatch, stochastic_rounding, dtype):
-    """X's and dY's global scales from one pass each (kernels.SHARED_SCALES) give the very outputs and
-    gradients of the separate amax passes, stochastic rounding's draws included; the pass runs twice
-    per fwd+bwd (X, dY) when on and never when off. fp32 (no autocast: fp32 compute) takes the
-    shared pass's fp32 launch (RHT_PLAIN_AMAX_CONFIG_FP32)."""
-    from models.quant.linear import QuantLinear, nvfp4_linear_spec
+def test_shared_scales_equal_the_separate_passes(kernels, shape, dtype):
+    """One read for an operand's two orientations (nvfp4_amax.rows_and_rht_columns_scales, what
+    QuantLinear takes for X and dY) gives the separate passes' scales, and the quantize calls given
+    them the very outputs of the calls that take their own, stochastic rounding's draws included."""
+    nvfp4, amax = kernels.nvfp4, kernels.nvfp4_amax
+    x = _input(shape, 3.0, dtype)
+    scales = amax.rows_and_rht_columns_scales(x)
+    assert torch.equal(scales[:2], amax.rht_global_scales(x)) and torch.equal(scales[2:], amax.tensor_amax(x))
+    for stochastic in (False, True):
+        pairs = [(nvfp4.quantize_rows(x, stochastic=stochastic, seed=11, amax=scales[2:], write_codes=True),
+                  nvfp4.quantize_rows(x, stochastic=stochastic, seed=11, write_codes=True)),
+                 (nvfp4.quantize_columns(x, rht=True, stochastic=stochastic, seed=11, global_scales=scales,
+                                         write_codes=True),
+                  nvfp4.quantize_columns(x, rht=True, stochastic=stochastic, seed=11, write_codes=True))]
+        for given, alone in pairs:
+            assert torch.equal(given.codes, alone.codes) and torch.equal(given.values, alone.values)
+            assert torch.equal(given.block_scales.view(torch.uint8), alone.block_scales.view(torch.uint8))
+            _assert_bits_equal(given.decode_scale, alone.decode_scale, "decode scale")
+
+
+def _kernel_launches(run) -> dict:
+    """Launches of each Triton kernel while run() runs: {kernel name: count} from torch's profiler."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        run()
+        torch.cuda.synchronize()
+    counts = {}
+    for event in profile.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            counts[event.name] = counts.get(event.name, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quant_linear_reads_each_operand_once_for_its_global_scales(kernels, dtype):
+    """Per fwd+bwd, X and dY each take one RHT amax pass that also gives their rows' amax, and only W
+    (2D) a plain amax pass; under no_grad X and W take one plain pass each. The outputs and gradients
+    equal the torch path's (RNE), the fp32 input taking the shared pass's fp32 launch."""
+    from models.quant.linear import QuantLinear
 
     torch.manual_seed(0)
-    module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=stochastic_rounding)).cuda()
+    module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=False)).cuda()
     x = torch.randn(4, 64, 256, device="cuda", dtype=dtype) * 3
     dy = torch.randn(4, 64, 384, device="cuda", dtype=dtype) * 1e-3
-    calls = {"shared": [], "amax": 0, "rht alone": 0}
-    shared_pass, amax_pass, rht_pass = kernels.rows_and_rht_columns_scales, kernels.tensor_amax, kernels.rht_global_scales
 
-    def count_shared(t, **kw):
-        calls["shared"].append(t.shape)
-        return shared_pass(t, **kw)
-
-    def count_amax(t):
-        calls["amax"] += 1
-        return amax_pass(t)
-
-    def count_rht(t, *, plain_amax=False):
-        calls["rht alone"] += not plain_amax
-        return rht_pass(t, plain_amax=plain_amax)
-
-    monkeypatch.setattr(kernels, "rows_and_rht_columns_scales", count_shared)
-    monkeypatch.setattr(kernels, "tensor_amax", count_amax)
-    monkeypatch.setattr(kernels, "rht_global_scales", count_rht)
-    results = []
-    for shared in (True, False):
-        monkeypatch.setattr(kernels, "SHARED_SCALES", shared)
-        calls.update(shared=[], amax=0)
-        calls["rht alone"] = 0
-        module.set_step(7)
+    def step():
         module.weight.grad = None
         xi = x.clone().requires_grad_(True)
         y = module(xi)
         y.backward(dy)
-        # Shared: one pass each for X and dY, and the only separate amax pass is W's (2D); else the
-        # rows calls of X and dY and W take one each and the RHT columns calls two RHT passes.
-        expected = ({"shared": [torch.Size([256, 256]), torch.Size([256, 384])], "amax": 1, "rht alone": 0} if shared
-                    else {"shared": [], "amax": 3, "rht alone": 2})
-        assert calls == expected
-        results.append((y, xi.grad, module.weight.grad.clone()))
-    for shared_result, separate_result in zip(*results):
-        assert torch.equal(shared_result, separate_result)
-    # No backward to come (no_grad): no shared pass, X's rows call takes its own amax.
-    monkeypatch.setattr(kernels, "SHARED_SCALES", True)
-    calls.update(shared=[], amax=0)
+        return y, xi.grad, module.weight.grad.clone()
+
+    step()  # compiles the kernels outside the profiled run
+    launches = _kernel_launches(step)
+    assert launches.get("_amax_columns_rht_kernel", 0) == 2, launches
+    assert launches.get("_amax_chunks_kernel", 0) == 1, launches
     with torch.no_grad():
-        module(x)
-    assert calls["shared"] == [] and calls["amax"] == 2
+        launches = _kernel_launches(lambda: module(x))
+    assert launches.get("_amax_columns_rht_kernel", 0) == 0 and launches.get("_amax_chunks_kernel", 0) == 2, launches
+    fast = step()
+    try:
+        kernels.use_triton(False)
+        reference = step()
+    finally:
+        kernels.use_triton(True)
+    assert torch.equal(fast[0], reference[0]) and torch.equal(fast[1], reference[1])
+    # Wgrad's operands are bit-identical; cuBLAS may sum the transposed views in another order.
+    torch.testing.assert_close(fast[2], reference[2], rtol=2**-7, atol=0)
 
 
 @pytest.mark.parametrize("with_consumers", [False, True])
@@ -328,7 +349,7 @@ def test_quant_linear_compiled_with_inductor_matches_eager(kernels, stochastic_r
     with_consumers: the layer inside a function that doubles X and the output in fp32 (exact), so
     Inductor fuses the traced output scaling of Fprop and Dgrad into those ops; a lost bf16 rounding
     would show bit for bit."""
-    from models.quant.linear import QuantLinear, nvfp4_linear_spec
+    from models.quant.linear import QuantLinear
 
     torch.manual_seed(0)
     module = QuantLinear(256, 384, bias=False, spec=nvfp4_linear_spec(stochastic_rounding=stochastic_rounding)).cuda()
@@ -357,7 +378,7 @@ def test_quant_linear_compiled_with_inductor_matches_eager(kernels, stochastic_r
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gemm_output_epilogue_bit_identical(kernels, dtype):
-    """kernels.scale_gemm_output against torch's mul-then-cast (and, for Wgrad, -then-widen) on a
+    """kernels.epilogue.scale_gemm_output against torch's mul-then-cast (and, for Wgrad, -then-widen) on a
     fresh fp32 GEMM output with zeros of both signs, NaN, Inf and values near bf16 ties."""
     out = torch.randn(1000, 2064, device="cuda") * 37.0
     out.view(-1)[::97] = 0.0
@@ -365,13 +386,20 @@ def test_gemm_output_epilogue_bit_identical(kernels, dtype):
     out.view(-1)[5], out.view(-1)[7] = math.nan, math.inf
     decode = torch.rand((), device="cuda") * torch.rand((), device="cuda")
     expected = torch.mul(out, decode, out=torch.empty(out.shape, dtype=dtype, device="cuda"))
-    got = kernels.scale_gemm_output(out.clone(), decode, dtype)
+    got = kernels.epilogue.scale_gemm_output(out.clone(), decode, dtype)
     assert got.dtype == dtype
     _assert_bits_equal(got, expected, f"epilogue to {dtype}")
     zeros = expected.float() == 0
     assert torch.equal(torch.signbit(got.float()[zeros]), torch.signbit(expected.float()[zeros]))
     if dtype == torch.bfloat16:
         buffer = out.clone()
-        widened = kernels.scale_gemm_output(buffer, decode, dtype, widen_to=torch.float32)
+        widened = kernels.epilogue.scale_gemm_output(buffer, decode, dtype, widen_to=torch.float32)
         assert widened.dtype == torch.float32 and widened.data_ptr() == buffer.data_ptr()  # in place
         _assert_bits_equal(widened, expected.float(), "epilogue widened to fp32")
+    # No decode scale (MX formats): the rounding alone.
+    no_scale = kernels.epilogue.scale_gemm_output(out.clone(), None, dtype)
+    _assert_bits_equal(no_scale, out.to(dtype), f"epilogue without a scale to {dtype}")
+    if dtype == torch.bfloat16:
+        buffer = out.clone()
+        widened = kernels.epilogue.scale_gemm_output(buffer, None, dtype, widen_to=torch.float32)
+        _assert_bits_equal(widened, out.to(dtype).float(), "epilogue without a scale widened to fp32")

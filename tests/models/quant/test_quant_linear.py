@@ -14,17 +14,18 @@ import torch.nn.functional as F
 
 from models.quant import linear as quant_linear
 from models.quant.bf16_rounding import round_to_bf16_by_bits
-from models.quant.linear import (
+from models.quant.formats import elements
+from models.quant.gemm_spec import (
     GemmSpec,
     LinearSpec,
     OperandSpec,
-    QuantLinear,
     fp8_block_linear_spec,
     fp8_tensor_linear_spec,
     mxfp4_linear_spec,
     mxfp8_linear_spec,
     nvfp4_linear_spec,
 )
+from models.quant.linear import QuantLinear
 
 import quant_oracles as oracle
 
@@ -172,7 +173,7 @@ def test_emulated_gemms_build_no_element_codes(monkeypatch, builder):
     def forbidden(*args, **kwargs):
         raise AssertionError("the emulated linear built element codes")
 
-    monkeypatch.setattr(quant_linear.formats, "_round_e2m1", forbidden)
+    monkeypatch.setattr(elements, "round_e2m1", forbidden)
     monkeypatch.setattr(quant_linear.formats.QuantizedTensor, "element_values", forbidden)
     module = QuantLinear(64, 64, bias=False, spec=builder(), name="blk")  # MX blocks are 32 long
     x, dy = torch.randn(TOKENS, 64), torch.randn(TOKENS, 64)
@@ -343,7 +344,7 @@ def test_spec_builders_follow_the_design_table():
 def test_cpu_path_never_imports_the_kernels_module():
     code = (
         "import sys, torch\n"
-        "from models.quant.linear import QuantLinear, nvfp4_linear_spec\n"
+        "from models.quant.gemm_spec import nvfp4_linear_spec\nfrom models.quant.linear import QuantLinear\n"
         "m = QuantLinear(32, 32, bias=False, spec=nvfp4_linear_spec())\n"
         "m(torch.randn(16, 32)).sum().backward()\n"
         "assert 'models.quant.kernels' not in sys.modules\n"

@@ -31,12 +31,15 @@ def _jit_helpers(tree: ast.Module) -> set[str]:
 
 
 def _kernel_modules() -> dict[str, ast.Module]:
-    trees = {path.stem: ast.parse(path.read_text()) for path in QUANT.glob("*.py")}
+    """Dotted module name -> syntax tree, for every module of models.quant defining a jit function."""
+    trees = {".".join(("models.quant", *path.relative_to(QUANT).with_suffix("").parts)): ast.parse(path.read_text())
+             for path in QUANT.rglob("*.py")}
     return {name: tree for name, tree in trees.items() if _jit_helpers(tree)}
 
 
 def test_the_kernel_modules_are_found():
-    assert {"kernels", "fp8_kernels", "triton_common"} <= set(_kernel_modules())
+    assert {f"models.quant.kernels.{name}" for name in ("nvfp4", "nvfp4_amax", "fp4_common", "fp8", "epilogue",
+                                                         "triton_common")} <= set(_kernel_modules())
 
 
 def test_jit_helpers_are_imported_under_their_own_names():
@@ -46,8 +49,7 @@ def test_jit_helpers_are_imported_under_their_own_names():
     for module_name, tree in modules.items():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("models.quant."):
-                source = node.module.rsplit(".", 1)[1]
                 for alias in node.names:
-                    if alias.name in helpers.get(source, ()) and alias.asname not in (None, alias.name):
+                    if alias.name in helpers.get(node.module, ()) and alias.asname not in (None, alias.name):
                         aliased.append(f"{module_name}: {alias.name} as {alias.asname}")
     assert not aliased, f"jit helpers imported under another name (breaks Inductor): {aliased}"

@@ -1,7 +1,9 @@
-"""Triton kernel for blockwise FP8 (E4M3) quantization: both orientations of a tensor, in one or two reads.
+"""Triton kernel for blockwise and per-tensor FP8 (E4M3) quantization: both orientations of a tensor.
 
-What it computes is exactly ``models.quant.formats.quantize(..., "fp8_block")`` (TE
-``Float8BlockScaling``, ``recipe_common.cuh: compute_scale_from_amax`` with epsilon 0), in fp32:
+Its torch reference is ``quantize_ref`` (``models.quant.fp8_operand.quantize_reference``:
+``formats.quantize(..., "fp8_block" / "fp8_tensor")`` with the scales laid out for the GEMM). What it
+computes is exactly that (TE ``Float8BlockScaling``, ``recipe_common.cuh: compute_scale_from_amax``
+with epsilon 0), in fp32:
 
     amax    = max |x| over the block                      (NaN counts as +Inf)
     scale   = 448 / amax;  scale = max finite value of x's dtype if that is +Inf
@@ -10,24 +12,20 @@ What it computes is exactly ``models.quant.formats.quantize(..., "fp8_block")`` 
     decode  = 1 / scale;   decode = NaN if amax is not finite
     code    = e4m3(clamp(x * scale, -448, 448))           round half to even
 
-Tiles of 128x128 elements, one program each, grid (ceil(rows / 128), cols / 128), when both
-orientations come from one read (``TWO_PASS = ()``). By default (``TWO_PASS``) the 1D and
-per-tensor modes asked for both orientations run two launches instead: a rows-only pass over
-[64, 128] tiles and a columns-only pass over [128, 64] tiles. Per tile:
-- 1D mode (activations, gradients): the 1x128 blocks along each row (the "rows" output: the
-  operand ``x`` itself, [rows, cols], blocks along cols) and the 128x1 blocks along each column
-  (the "columns" output: the operand ``x^T``, written transposed as [cols, rows], blocks along rows).
-  In one read of x both are written, as TE's cast-transpose kernels do for X (Fprop and Wgrad)
-  and dY (Dgrad and Wgrad); in two passes each pass writes one.
-- 2D mode (weights): one scale for the whole 128x128 tile; "rows" is W [rows, cols] and "columns"
-  is W^T [cols, rows] with the same codes transposed, which is exactly quantize(W^T) (a square tile
-  is the same tile of the transpose).
-
-- Per-tensor mode (fp8_tensor, TE ``Float8CurrentScaling``): one scale for the whole tensor,
-  from its amax (torch's max-abs reduction, one pass before the kernel; every program derives
-  the same scale from it); "rows" is x and "columns" x^T, the same codes transposed. The scale's
-  replacement for an infinite value is FLT_MAX there (formats' fp8_tensor), not the input
-  dtype's maximum.
+One program per tile. Modes:
+- 1D (activations, gradients): the 1x128 blocks along each row (the "rows" output: the operand ``x``
+  itself, [rows, cols], blocks along cols) and the 128x1 blocks along each column (the "columns"
+  output: the operand ``x^T``, written transposed as [cols, rows], blocks along rows), as TE's
+  cast-transpose kernels do for X (Fprop and Wgrad) and dY (Dgrad and Wgrad). Asked for both, a
+  rows-only pass over [rows_pass_tile_rows, 128] tiles and a columns-only pass over
+  [128, columns_pass_tile_cols] tiles (``Fp8Options``).
+- 2D (weights): one scale for the whole 128x128 tile, read once; "rows" is W [rows, cols] and
+  "columns" is W^T [cols, rows] with the same codes transposed, which is exactly quantize(W^T) (a
+  square tile is the same tile of the transpose).
+- Per tensor (fp8_tensor, TE ``Float8CurrentScaling``): one scale for the whole tensor, from its
+  amax (torch's max-abs reduction, one pass before the kernel; every program derives the same scale
+  from it); "rows" is x and "columns" x^T, the same codes transposed. The scale's replacement for an
+  infinite value is FLT_MAX there (formats' fp8_tensor), not the input dtype's maximum.
 
 Outputs are written straight into the layouts ``torch.nn.functional.scaled_mm`` takes on Hopper
 (cuBLASLt's DeepSeek-style block scaling), so nothing is copied afterwards. For an operand
@@ -38,18 +36,10 @@ Outputs are written straight into the layouts ``torch.nn.functional.scaled_mm`` 
   storage [m/128, L4] whose columns r/128 .. L4-1 are zero padding cuBLASLt asks for.
 
 Exactness: the two divisions are ``tl.math.div_rn`` (IEEE round-to-nearest, as torch's ``/``);
-``x * scale`` is a single fp32 multiply; E4M3 rounding is done arithmetically (``_e4m3_code``:
-saturate, RNE by the add-and-subtract trick, code bits assembled from the rounded value) rather
-than by the backend's fp8 cast, so the codes do not depend on how a Triton version lowers that
-cast (its interpreter, for one, mis-rounds carries into the next binade); launches pass
-``enable_fp_fusion=False`` (no contraction of the add-subtract) and ``enable_reflect_ftz=False``
-(subnormal inputs are not flushed: a block of tiny values takes the huge-scale path, as in torch).
-``models.quant.fp8_torch.quantize_reference`` is the plain-torch reference; the GPU tests check bit
-identity on fresh inputs (and the Triton interpreter, TRITON_INTERPRET=1, runs the kernel on CPU).
-
-Triton is imported only through ``models.quant.triton_common`` (the one import site in
-models.quant, also home of the E4M3 rounding shared with the NVFP4 kernels); its switch
-``use_triton(False)`` (re-exported as ``kernels.use_triton``) also turns this kernel off.
+``x * scale`` is a single fp32 multiply; E4M3 rounding is ``e4m3_round`` (triton_common); launches
+pass ``enable_fp_fusion=False`` and ``enable_reflect_ftz=False`` (subnormal inputs are not flushed:
+a block of tiny values takes the huge-scale path, as in torch). The GPU tests check bit identity
+with ``quantize_ref`` on fresh inputs, and Triton's interpreter runs the kernel on the CPU.
 """
 
 from __future__ import annotations
@@ -58,12 +48,12 @@ from typing import Optional, Tuple
 
 import torch
 
-from models.quant.triton_common import INSTALL_HINT, INTERPRETING, enabled, tl, triton
+from models.quant.fp8_operand import BLOCK, round_up
+from models.quant.fp8_operand import quantize_reference as quantize_ref  # noqa: F401 - the torch reference
+from models.quant.kernels.options import FP8_OPTIONS, Fp8Options
+from models.quant.kernels.triton_common import INSTALL_HINT, INTERPRETING, enabled, tl, triton
 
-BLOCK = 128
 KERNEL_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-NUM_WARPS = 8
-"""Warps per program, of either tile shape (scripts/bench_fp8_linear.py times 4, 8 and 16)."""
 
 
 def supports(x: torch.Tensor) -> bool:
@@ -71,12 +61,8 @@ def supports(x: torch.Tensor) -> bool:
     return enabled() and x.is_cuda and x.dtype in KERNEL_INPUT_DTYPES and x.ndim == 2
 
 
-def round_up(value: int, multiple: int) -> int:
-    return (value + multiple - 1) // multiple * multiple
-
-
 if triton is not None:
-    from models.quant.triton_common import abs_nan_to_inf, e4m3_round, nan_fp32
+    from models.quant.kernels.triton_common import abs_nan_to_inf, e4m3_round, nan_fp32
 
     @triton.jit
     def _scale_and_decode(amax, value_for_inf, POWER_OF_TWO: tl.constexpr):
@@ -172,30 +158,13 @@ if triton is not None:
                 tl.store(col_scales_ptr + col_64 * col_scale_stride_col + tile_row * col_scale_stride_block, decode)
 
 
-TWO_PASS: Tuple[int, ...] = (64, 64)
-"""How an operand quantized in both orientations, 1D blockwise (X, dY) or per tensor (X, W, dY),
-is read: (rows_tile_rows, columns_tile_cols) for two launches, a rows-only pass over
-[rows_tile_rows, 128] tiles and a columns-only pass over [128, columns_tile_cols] tiles (each a
-power of two from 16 to 128); () for one read that writes both orientations from a 128x128 tile
-per program. Same codes and scales either way. Two passes read x twice, but with (64, 64) each
-program holds half the values (the one-read kernel holds 64 fp32 values per thread at 8 warps).
-On the H200 (2026-12-03, scripts/bench_fp8_linear.py, 5120->20480 at 8192 tokens) the FP8
-blockwise layer took 5.45 ms with (64, 64) against 5.64 ms with one read; per tensor 4.79
-against 4.76 ms (within noise)."""
-
-
 def _launch(x, row_args, col_args, scalars, *, rows: bool, columns: bool, tile_2d: bool, tensor_scale: bool,
-            rows_power_of_two: bool, columns_power_of_two: bool, num_warps: Optional[int],
-            two_pass: Optional[Tuple[int, ...]]) -> None:
-    """Launch the kernel over x's tiles: once, or (two_pass, 1D or per tensor, both orientations asked)
-    a rows-only and a columns-only pass with the tile shapes of ``two_pass`` (None: ``TWO_PASS``; (): one read)."""
-    two_pass = tuple(two_pass if two_pass is not None else TWO_PASS)
-    if two_pass and (len(two_pass) != 2 or any(size not in (16, 32, 64, 128) for size in two_pass)):
-        raise ValueError(f"two_pass takes () or (rows_tile_rows, columns_tile_cols), each 16, 32, 64 or 128; "
-                         f"got {two_pass}")
+            rows_power_of_two: bool, columns_power_of_two: bool, options: Fp8Options) -> None:
+    """Launch the kernel over x's tiles: once, or (1D or per tensor, both orientations asked) a
+    rows-only and a columns-only pass with the tile shapes of ``options``."""
     num_rows, num_cols = x.shape
-    if two_pass and rows and columns and not tile_2d:
-        passes = ((True, False, two_pass[0], BLOCK), (False, True, BLOCK, two_pass[1]))
+    if rows and columns and not tile_2d:
+        passes = ((True, False, options.rows_pass_tile_rows, BLOCK), (False, True, BLOCK, options.columns_pass_tile_cols))
     else:
         passes = ((rows, columns, BLOCK, BLOCK),)
     for write_rows, write_columns, block_r, block_c in passes:
@@ -204,7 +173,7 @@ def _launch(x, row_args, col_args, scalars, *, rows: bool, columns: bool, tile_2
             TILE_2D=tile_2d, TENSOR_SCALE=tensor_scale, WRITE_ROWS=write_rows, WRITE_COLUMNS=write_columns,
             ROWS_POWER_OF_TWO=rows_power_of_two, COLUMNS_POWER_OF_TWO=columns_power_of_two,
             MASK_ROWS=num_rows % block_r != 0, BLOCK_R=block_r, BLOCK_C=block_c,
-            num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False, enable_reflect_ftz=False,
+            num_warps=options.num_warps, enable_fp_fusion=False, enable_reflect_ftz=False,
         )
 
 
@@ -233,7 +202,7 @@ def _scales_1x128(operand_rows: int, reduction: int, device) -> torch.Tensor:
     """Uninitialized 1x128 decode scales of an operand [operand_rows, reduction] in GEMM layout:
     [rows, reduction/128] with strides (1, rows). Allocated as the transpose of a contiguous tensor:
     torch 2.11's functionalization of a Triton kernel's outputs lost the strides of an
-    ``empty_strided`` buffer (the scaled-GEMM meta check then failed; docs/performance.md run P)."""
+    ``empty_strided`` buffer (the scaled-GEMM meta check then failed)."""
     return torch.empty(reduction // BLOCK, operand_rows, dtype=torch.float32, device=device).t()
 
 
@@ -274,9 +243,8 @@ def fp8_block_quantize(
     columns: bool,
     rows_power_of_two: bool = True,
     columns_power_of_two: bool = True,
-    num_warps: Optional[int] = None,
     name: Optional[str] = None,
-    two_pass: Optional[Tuple[int, ...]] = None,
+    options: Fp8Options = FP8_OPTIONS,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Quantize x [R, C] (CUDA, bf16/fp16/fp32, any strides) to blockwise E4M3 (one or two reads of x).
 
@@ -284,8 +252,7 @@ def fp8_block_quantize(
     along R. ``tile_2d=True``: 128x128 tiles, ``rows`` for x and ``columns`` for x^T.
     Returns (row_codes [R, C], row_scales, column_codes [C, R], column_scales), None where not
     asked, scales in the GEMM layouts of the module docstring. C must divide by 128; R too, except
-    for the rows-only 1D mode (tail rows are masked, nothing is padded). ``two_pass`` (default
-    ``TWO_PASS``): see ``_launch``.
+    for the rows-only 1D mode (tail rows are masked, nothing is padded).
     """
     where = _check_input(x, rows, columns, "fp8_block_quantize", name)
     num_rows, num_cols = x.shape
@@ -311,7 +278,7 @@ def fp8_block_quantize(
     col_args = (col_codes, col_scales, *col_strides) if columns else (unused_codes, unused_scales, 0, 0)
     _launch(x, row_args, col_args, (_value_for_inf(x.dtype), unused_scales, unused_scales), rows=rows,
             columns=columns, tile_2d=tile_2d, tensor_scale=False, rows_power_of_two=rows_power_of_two,
-            columns_power_of_two=columns_power_of_two, num_warps=num_warps, two_pass=two_pass)
+            columns_power_of_two=columns_power_of_two, options=options)
     return _as_e4m3(row_codes), row_scales, _as_e4m3(col_codes), col_scales
 
 
@@ -328,17 +295,14 @@ def _tensor_outputs(num_rows: int, num_cols: int, rows: bool, columns: bool, dev
 
 
 def fp8_tensor_quantize(
-    x: torch.Tensor, *, rows: bool, columns: bool, num_warps: Optional[int] = None, name: Optional[str] = None,
-    two_pass: Optional[Tuple[int, ...]] = None,
+    x: torch.Tensor, *, rows: bool, columns: bool, name: Optional[str] = None, options: Fp8Options = FP8_OPTIONS,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor]:
     """Quantize x [R, C] to per-tensor E4M3 (fp8_tensor): codes of x and/or x^T, and the decode scale.
 
     Torch's max-abs reduction for the amax, then the kernel writes ``rows`` (codes [R, C]) and/or
-    ``columns`` (x^T's codes [C, R], contiguous, as the GEMM takes them): from one read of x, or,
-    with both asked and ``TWO_PASS`` set, in a rows pass and a columns pass. Returns (row_codes,
-    column_codes, decode scale 0-dim fp32), None where not asked. C must divide by 128; R too when
-    ``columns`` (see ``supports_tensor_shape``). ``two_pass``: see
-    ``_launch``.
+    ``columns`` (x^T's codes [C, R], contiguous, as the GEMM takes them); both asked, in a rows pass
+    and a columns pass. Returns (row_codes, column_codes, decode scale 0-dim fp32), None where not
+    asked. C must divide by 128; R too when ``columns`` (see ``supports_tensor_shape``).
     """
     where = _check_input(x, rows, columns, "fp8_tensor_quantize", name)
     if not supports_tensor_shape(x.shape, columns):
@@ -353,7 +317,7 @@ def fp8_tensor_quantize(
     _launch(x, (row_codes if rows else unused_codes, unused_scales, 0, 0),
             (col_codes if columns else unused_codes, unused_scales, 0, 0), (FLT_MAX, amax, decode),
             rows=rows, columns=columns, tile_2d=False, tensor_scale=True, rows_power_of_two=False,
-            columns_power_of_two=False, num_warps=num_warps, two_pass=two_pass)
+            columns_power_of_two=False, options=options)
     return _as_e4m3(row_codes), _as_e4m3(col_codes), decode
 
 
@@ -368,7 +332,7 @@ def supports_tensor_shape(shape, columns: bool) -> bool:
 # Traced by Dynamo, the kernels above become Triton launches that mutate their fresh output
 # buffers, and torch 2.11's Inductor failed on whole FP8 blocks built that way: a self-copy of a
 # mutated buffer and then KeyError in Scheduler.compute_ancestors (pytorch/pytorch#189271, fixed
-# after 2.11; docs/performance.md, runs Q and R). As custom ops that return new tensors there is no
+# after 2.11). As custom ops that return new tensors there is no
 # mutation in the graph. Only compiled code calls them (eager skips the op dispatch, as the FP8 GEMM
 # does); the fake implementations allocate exactly what the kernels return, so the strides the
 # compiled graph assumes are the real ones.
