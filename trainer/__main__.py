@@ -89,7 +89,12 @@ def cli() -> None:
         if message:
             print(f"Error in override '{argument}':\n{message}", file=sys.stderr)
             sys.exit(2)
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C before the first step (after it, the loop saves and stops cleanly)
+        print("\ninterrupted (SIGINT) before training started: nothing to save; a prepared data chunk or an earlier "
+              "checkpoint is kept, and the next start goes on from there", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":
