@@ -514,12 +514,12 @@ class Checkpointer:
         if recorded is None:  # saved before the count was recorded
             return
         found = optimizer_step(optimizer)
-        disagreeing = [seen for seen in all_gather_object(None if found == recorded else f"rank {self.env.rank}: {found}")
-                       if seen]
+        disagreeing = [(rank, seen) for rank, seen in enumerate(all_gather_object(found)) if seen != recorded]
         if disagreeing:
+            rank, seen = disagreeing[0]
             skipped = trainer_state.get("guard", {}).get("skipped_total", 0)
             raise CorruptCheckpoint(
-                f"checkpoint {path}: its optimizer state has taken {', '.join(disagreeing)} updates, but "
+                f"checkpoint {path}: its optimizer state has taken {seen} updates (as rank {rank} loaded it), but "
                 f"{STATE_FILE} records {recorded} (step {trainer_state['step']}, {skipped} non-finite steps "
                 "skipped): its files are not of one save (a .distcp of another checkpoint?). Not resuming from "
                 "it; choose another with checkpoint.resume=<path>"
