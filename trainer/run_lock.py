@@ -110,9 +110,10 @@ def hold_run_directory(run_dir, checkpoint_dir, env) -> Iterator[List[str]]:
     """Hold the run's directories for the block (collective: rank 0 locks, every rank learns the outcome).
 
     Yields the warnings of directories the filesystem could not lock (empty when all are held);
-    raises RunDirectoryInUse on every rank when another trainer holds one.
+    raises RunDirectoryInUse on every rank when another trainer holds one. `env`: anything with
+    `is_main` (trainer.distributed.DistEnv); the process group, if any, is the default one.
     """
-    from trainer.distributed import broadcast_object
+    import torch.distributed as dist
 
     locks, outcome = [], {"error": None, "unsupported": []}
     if env.is_main:
@@ -127,7 +128,10 @@ def hold_run_directory(run_dir, checkpoint_dir, env) -> Iterator[List[str]]:
                         "so a second trainer on this directory would not be stopped")
         except RunDirectoryInUse as error:
             outcome["error"] = str(error)
-    outcome = broadcast_object(outcome)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        shared = [outcome]
+        dist.broadcast_object_list(shared, src=0)  # rank 0's outcome is every rank's
+        outcome = shared[0]
     try:
         if outcome["error"]:
             raise RunDirectoryInUse(outcome["error"])
