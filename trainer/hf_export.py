@@ -127,8 +127,8 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str = "bfloat16",
     checkpoint = Path(checkpoint)
     trainer_state = read_trainer_state(checkpoint)
     ours = checkpoint_tokenizer(trainer_state, tokenizer, where=f"checkpoint {checkpoint}")
+    empty_export_directory(out_dir, overwrite)  # before the slow part: a refusal comes at once
     model = load_checkpoint_model(checkpoint)
-    empty_export_directory(out_dir, overwrite)  # after everything that can fail on the checkpoint's side
     return export_hf(model, out_dir, dtype=_dtype(dtype), tokenizer=to_transformers(ours))
 
 
