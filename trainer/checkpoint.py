@@ -5,26 +5,33 @@ On disk, one directory per checkpoint:
   <dir>/step_00000100/          a complete checkpoint (visible only once everything is written)
       .metadata, __*_*.distcp   DCP: model and optimizer state, sharded as the run was
       trainer_state.json        step, tokens, data-loader position, guard counters, world size,
-                                model config, precision backend and parameter layout
+                                optimizer step count, model config, precision backend, parameter
+                                layout, tokenizer, corpus and resolved config (trainer/resume_changes.py)
       rng_rank{r}.json          each rank's RNG states (python, numpy, torch CPU and CUDA) as JSON
+                                (trainer/checkpoint_rng.py)
       integrity.json            size and sha256 of every file above (trainer/integrity.py)
   <dir>/.tmp_step_00000200/     a save in progress (ignored by resume, removed by the next save)
   <dir>/corrupt_step_00000300/  a checkpoint that failed verification, set aside (never deleted)
-  <dir>/superseded_step_00000400/  a checkpoint newer than the one a run resumed from, set aside
+  <dir>/superseded_step_00000400/  a checkpoint newer than the one a run resumed from, or of the same
+                                step as a new save from another history, set aside (never deleted)
 
 Atomicity: every rank writes into the `.tmp_` directory; after a barrier rank 0 writes
 trainer_state.json, the ranks hash the files (each its share), rank 0 writes integrity.json
 and renames the directory to its final name (rename is atomic on POSIX filesystems). A run
 killed mid-save leaves only a `.tmp_` directory, so the next start resumes from the previous
-complete checkpoint. A save that fails (disk full, permission denied) stops the run with the
-reason and the path, after removing its `.tmp_` directory; the previous checkpoints are untouched.
+complete checkpoint. A step is saved once (a stop in a step just saved does not save it again),
+and a committed checkpoint is never deleted to make room for a new one: one of the same step is
+set aside first. A save that fails (disk full, permission denied) stops the run with the reason
+and the path, after removing its `.tmp_` directory; the previous checkpoints are untouched.
 
 Resume (`select_resume`, then `load`): the newest checkpoint is verified against its
 integrity.json before anything of it is read (DCP's `.metadata` is a pickle, so this comes
 first); a corrupt or incomplete one is reported by path and, with checkpoint.on_corrupt=fallback,
 set aside as corrupt_step_N while the run resumes from the newest intact one. Then the recorded
 model is compared with the run's (trainer/compat.py): a mismatch stops before anything is loaded
-or pruned, unless checkpoint.allow_model_change. Nothing here is unpickled: trainer state and
+or pruned, unless checkpoint.allow_model_change; so do another tokenizer or corpus
+(trainer/resume_changes.py) unless allowed. After loading, the optimizer's update count must be
+the recorded one (files of two saves are refused). Nothing here is unpickled: trainer state and
 RNG states are JSON. DCP checkpoints are trusted input all the same (docs/reliability.md).
 
 Pruning keeps the newest `keep` checkpoints of this run's model, and also, whatever its age,

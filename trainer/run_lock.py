@@ -15,8 +15,8 @@ The file records the holder (host, pid, start time, command line); a second trai
 - Filesystems: flock is honoured by local filesystems, NFSv4 (Linux maps it to byte-range locks
   the server arbitrates) and Lustre mounted with `-o flock`. Where the filesystem refuses it
   (ENOLCK, EOPNOTSUPP, ENOSYS: Lustre with `-o noflock`, some FUSE filesystems) the run goes on
-  unguarded, with a warning naming the lock file: then keeping one trainer per run directory is
-  the user's (the scheduler's) job.
+  unguarded, with a warning naming the lock file; Lustre's `-o localflock` locks per node only.
+  There keeping one trainer per run directory is the user's (the scheduler's) job.
 """
 
 from __future__ import annotations
