@@ -241,18 +241,19 @@ class TokenFile:
     def read(self, start: int, count: int) -> np.ndarray:
         """uint32 [count]: tokens [start, start + count) of the shard."""
         size = TOKEN_DTYPE.itemsize
-        data = bytearray()
-        while len(data) < count * size:
-            piece = os.pread(self._fd, count * size - len(data), start * size + len(data))
-            if not piece:  # end of file before the end of the range: the file shrank
+        tokens = np.empty(count, dtype=TOKEN_DTYPE)
+        view, done = memoryview(tokens).cast("B"), 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], start * size + done)  # straight into the array
+            if not got:  # end of file before the end of the range: the file shrank
                 raise DataError(
                     f"shard file {self.path} shrank while this run reads it: tokens [{start}, {start + count}) lie "
                     f"beyond its end ({os.fstat(self._fd).st_size} bytes now, {self.num_tokens * size} when the run "
                     "opened it). A prepared source must not change under a running job: restore it (or prepare "
                     "it anew elsewhere) and restart; the run resumes from its newest checkpoint"
                 )
-            data += piece
-        return np.frombuffer(data, dtype=TOKEN_DTYPE)
+            done += got
+        return tokens
 
     def __del__(self) -> None:
         fd, self._fd = getattr(self, "_fd", None), None

@@ -91,9 +91,9 @@ def cli() -> None:
             sys.exit(2)
     try:
         main()
-    except KeyboardInterrupt:  # Ctrl-C before the first step (after it, the loop saves and stops cleanly)
-        print("\ninterrupted (SIGINT) before training started: nothing to save; a prepared data chunk or an earlier "
-              "checkpoint is kept, and the next start goes on from there", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C outside the steps (during them, the loop saves and stops cleanly)
+        print("\ninterrupted (SIGINT) outside the training steps: nothing to save; prepared data chunks and "
+              "checkpoints are kept, and the next start goes on from there", file=sys.stderr)
         sys.exit(130)
 
 

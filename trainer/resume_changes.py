@@ -19,6 +19,7 @@ sha256 of every shard) and its whole resolved config. On resume:
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -105,7 +106,7 @@ def resume_events(saved: dict, cfg, world_size: int) -> List[Tuple[str, dict]]:
         events.append(("tokenizer_changed_on_resume", changes["tokenizer"]))
     if "corpus" in changes:
         events.append(("data_changed_on_resume", changes["corpus"]))
-    config = dataclasses.asdict(cfg)
+    config = json.loads(json.dumps(dataclasses.asdict(cfg)))  # as trainer_state.json holds it (tuples: lists)
     changed = config_changes(saved.get("config"), config)
     if saved.get("world_size") not in (None, world_size):
         changed["world_size"] = [saved["world_size"], world_size]
