@@ -1,4 +1,4 @@
-"""Shards and documents that used to fail without a word: token ids beyond the vocabulary, a shard
+"""Shards and documents that must not fail without a word: token ids beyond the vocabulary, a shard
 truncated under a running reader, a file that gives no document, empty documents, a document too long
 to tokenize."""
 

@@ -21,8 +21,8 @@ def test_sigint_in_a_saving_step_saves_once_a_second_sigint_stops_at_once_and_th
     args = tiny_overrides(data_cache, steps=4) + ["checkpoint.every=2", "checkpoint.keep=1"]
 
     # 1. Ctrl-C during step 2, which checkpoint.every also saves. The stop must not save step 2 a second
-    #    time: a second save used to delete the committed step_2 before renaming its own .tmp_step_2, and a
-    #    kill between the two (this fault) left nothing to resume from, so the restart began at step 0.
+    #    time: that save would have to replace the committed step_2, and a kill between the two renames (this
+    #    fault) would leave nothing to resume from, so the restart would begin at step 0.
     first = run_cli(["--signal-at-step=2:SIGINT", "--kill-on-second-commit=2", *args], run_dir, module=FAULT_ENTRY)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "Traceback" not in first.stderr and "KeyboardInterrupt" not in first.stderr
