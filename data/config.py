@@ -93,6 +93,9 @@ class DataConfig:
     skip_undecodable_documents: bool = False
     """Drop documents of local json/text files that are not valid UTF-8, counted in the manifest's skipped_documents,
     instead of stopping preparation at the first one (whose file and line the error names)."""
+    max_document_chars: int = 4_000_000
+    """Longest document preparation tokenizes, in characters; a longer one stops preparation naming it. Tokenizing
+    one document holds about 200 bytes of memory per character (0.8 GB at this limit, 10 GB for 50 M)."""
 
 
 def validate_data_config(cfg: DataConfig) -> None:
@@ -111,6 +114,8 @@ def validate_data_config(cfg: DataConfig) -> None:
         raise ValueError(f"data.num_proc must be >= 0 (0 = one per core), got {cfg.num_proc}")
     if cfg.builtin_vocab_size < 257:
         raise ValueError(f"data.builtin_vocab_size must be >= 257 (256 bytes + EOS), got {cfg.builtin_vocab_size}")
+    if cfg.max_document_chars < 1:
+        raise ValueError(f"data.max_document_chars must be >= 1, got {cfg.max_document_chars}")
     if cfg.builtin_corpus_mb <= 0:
         raise ValueError(f"data.builtin_corpus_mb must be > 0, got {cfg.builtin_corpus_mb}")
     names = [source.name for source in cfg.sources]

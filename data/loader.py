@@ -192,6 +192,11 @@ class PackedLoader:
         self.global_samples += global_batch
         return batch
 
+    def corpus_identity(self) -> dict:
+        """{source name: {"manifest": path, "sha256": hash of its shards}}: what a checkpoint records of the
+        corpus, so that a resume on other data is noticed (TokenStream.identity)."""
+        return {name: dict(stream.identity) for name, stream in zip(self.names, self.streams)}
+
     def state_dict(self) -> dict:
         """Plain Python values; identical on every rank (see the module docstring for the resume rule)."""
         return {

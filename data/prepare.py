@@ -4,11 +4,20 @@ The source is processed in chunks of D = documents_per_shard documents. For chun
 
 1. tokenize documents [k D, (k+1) D): indexable sources with ``datasets.map(batched=True,
    num_proc=...)``, streaming sources with the tokenizer's batch encoder (Rust threads);
-   EOS is appended to every document;
+   EOS is appended to every document. A document that is empty (after decoding) gets no tokens,
+   not even the EOS, and neither does an undecodable one when data.skip_undecodable_documents:
+   they keep their index and are counted by reason (`skipped_documents` in the chunk record and
+   the manifest, and a warning). A document longer than data.max_document_chars stops
+   preparation naming it: the tokenizer holds ~200 bytes of memory per character of one document;
 2. split them by document into train / validation (`is_validation_document`);
 3. write train-k and validation-k shards (tokens .bin, offsets .idx.npy) by temp file + fsync +
    rename, hash them, then write chunk-k.json. A chunk whose record exists and whose files still
    match their sha256 is not redone, so an interrupted run resumes where it stopped.
+
+Files that give no document: datasets reads a file by its content, and an all-NUL .txt is a
+valid (empty) tar archive to it, so it yields nothing. When a source of text files read one
+document per file holds fewer documents than files, the files datasets takes for archives are
+named in a warning and counted in the manifest's `source_statistics` (`files_without_documents`).
 
 manifest.json is written last and marks the directory complete. `ensure_prepared` wraps this
 in a file lock (``<directory>.lock``), so concurrent processes (ranks) prepare a source once;
@@ -55,6 +64,8 @@ log = logging.getLogger(__name__)
 
 MAP_BATCH_SIZE = 256
 """Documents per datasets.map batch (one encode_batch call)."""
+SKIP_REASONS = {1: "undecodable", 2: "empty"}
+"""Why a document gets no tokens (tokenize_batch's "skipped" column; 0: kept)."""
 
 
 def preparation_settings(cfg: DataConfig, source: SourceConfig, tokenizer: Tokenizer) -> dict:
@@ -106,18 +117,19 @@ def _completed_chunk(directory: Path, chunk: int, first_document: int, documents
 
 def _write_chunk(
     directory: Path, chunk: int, first_document: int, tokens: np.ndarray, lengths: np.ndarray, fraction: float,
-    dropped: np.ndarray | None = None,
+    skipped: np.ndarray | None = None,
 ) -> dict:
     """Split one tokenized chunk by document into train / validation shards; write them and the chunk record.
 
     tokens: uint32 [sum(lengths)], documents back to back, each ending with EOS; lengths: int64 [documents].
-    dropped: bool [documents], documents skipped as undecodable (length 0: not even an EOS); they keep
+    skipped: uint8 [documents], why a document got no tokens (SKIP_REASONS; 0: kept); skipped ones keep
     their index (so the validation split of the others does not move) and are counted in the record.
     """
     document_indices = np.arange(first_document, first_document + len(lengths), dtype=np.int64)
     held_out = is_validation_document(document_indices, fraction)
     token_held_out = np.repeat(held_out, lengths)
-    kept = ~dropped if dropped is not None else np.ones(len(lengths), dtype=bool)
+    skipped = np.zeros(len(lengths), dtype=np.uint8) if skipped is None else np.asarray(skipped, dtype=np.uint8)
+    kept = skipped == 0
     entries = []
     for split, document_mask, token_mask in (
         ("train", ~held_out & kept, ~token_held_out),
@@ -145,21 +157,24 @@ def _write_chunk(
         )
     record = {"chunk": chunk, "first_document": first_document, "documents": int(len(lengths)), "shards": entries}
     if not kept.all():
-        record["skipped_documents"] = {"undecodable": int((~kept).sum())}
+        record["skipped_documents"] = {reason: int((skipped == code).sum()) for code, reason in SKIP_REASONS.items()
+                                       if (skipped == code).any()}
         record["skipped_document_indices"] = document_indices[~kept].tolist()
-        log.warning("chunk %d of %s: skipped %d undecodable documents (indices %s...)", chunk, directory,
-                    int((~kept).sum()), record["skipped_document_indices"][:5])
+        log.warning("chunk %d of %s: skipped %s documents (indices %s...)", chunk, directory,
+                    record["skipped_documents"], record["skipped_document_indices"][:5])
     atomic_write_json(_chunk_record_path(directory, chunk), record)
     return record
 
 
 def tokenize_batch(
     batch: dict, indices: list[int], *, tokenizer: Tokenizer, text_field: str, first_document: int, where: str,
-    skip_undecodable: bool = False,
+    skip_undecodable: bool = False, max_document_chars: int | None = None,
 ) -> dict:
-    """datasets.map function: each document's token ids followed by EOS (runs in worker processes).
+    """datasets.map function: each document's token ids followed by EOS (runs in worker processes), and
+    "skipped": why a document got no tokens at all, not even EOS (SKIP_REASONS; 0: kept).
 
-    skip_undecodable: a document holding UNDECODABLE_MARK (data/decoding.py) gets no tokens at all, not even EOS.
+    An empty document is skipped; with skip_undecodable, so is one holding UNDECODABLE_MARK (data/decoding.py).
+    A kept document longer than max_document_chars stops preparation with a DataError naming it.
     """
     texts = batch[text_field]
     for text, index in zip(texts, indices):
@@ -168,9 +183,22 @@ def tokenize_batch(
                 f"{where}: document {first_document + index} has no text in field {text_field!r} "
                 f"(got {type(text).__name__})"
             )
-    dropped = [skip_undecodable and UNDECODABLE_MARK in text for text in texts]
-    encoded = tokenizer.encode_batch(["" if drop else text for text, drop in zip(texts, dropped)])
-    return {"input_ids": [[] if drop else ids + [tokenizer.eos_id] for ids, drop in zip(encoded, dropped)]}
+    skipped = [1 if skip_undecodable and UNDECODABLE_MARK in text else 2 if not text else 0 for text in texts]
+    if max_document_chars is not None:
+        for row, (text, index, reason) in enumerate(zip(texts, indices, skipped)):
+            if not reason and len(text) > max_document_chars:
+                raise DataError(_too_long_message(where, first_document + index, text, batch, row, max_document_chars))
+    encoded = tokenizer.encode_batch(["" if reason else text for text, reason in zip(texts, skipped)])
+    return {"input_ids": [[] if reason else ids + [tokenizer.eos_id] for ids, reason in zip(encoded, skipped)],
+            "skipped": skipped}
+
+
+def _too_long_message(where: str, document: int, text: str, batch: dict, row: int, limit: int) -> str:
+    path = batch.get("path", [None] * (row + 1))[row]  # builtin and tree sources carry each document's file
+    return (f"{where}: document {document}{f' ({path})' if path else ''} is {len(text):,d} characters long, over "
+            f"data.max_document_chars={limit:,d} (it begins {text[:60]!r}). Tokenizing one document holds about 200 "
+            "bytes of memory per character (10 GB for 50 M characters); raise the limit knowingly, split such "
+            "documents (text_sample_by: line or paragraph for text files), or remove them")
 
 
 def _flatten_token_lists(column) -> tuple[np.ndarray, np.ndarray]:
@@ -184,11 +212,16 @@ def _flatten_token_lists(column) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(values).astype(TOKEN_DTYPE, copy=False), np.concatenate(lengths).astype(np.int64)
 
 
+def _tokenize_options(cfg: DataConfig) -> dict:
+    return {"skip_undecodable": cfg.skip_undecodable_documents, "max_document_chars": cfg.max_document_chars}
+
+
 def _tokenize_indexed(
     dataset, first: int, end: int, *, tokenizer: Tokenizer, source: SourceConfig, num_proc: int, scratch: Path, chunk: int,
-    skip_undecodable: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Documents [first, end) of an indexable dataset -> (uint32 tokens with EOS after each, int64 lengths)."""
+    skip_undecodable: bool = False, max_document_chars: int | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Documents [first, end) of an indexable dataset -> (uint32 tokens with EOS after each, int64 lengths,
+    uint8 skip reasons)."""
     import datasets
 
     part = dataset.select(range(first, end))
@@ -206,37 +239,38 @@ def _tokenize_indexed(
             "first_document": first,
             "where": f"source {source.name!r} ({source_location(source)})",
             "skip_undecodable": skip_undecodable,
+            "max_document_chars": max_document_chars,
         },
         remove_columns=part.column_names,
-        features=datasets.Features({"input_ids": datasets.Sequence(datasets.Value("uint32"))}),
+        features=datasets.Features({"input_ids": datasets.Sequence(datasets.Value("uint32")),
+                                    "skipped": datasets.Value("uint8")}),
         cache_file_name=str(scratch / f"chunk-{chunk:05d}.arrow"),
         load_from_cache_file=False,
         new_fingerprint=hashlib.sha256(f"{scratch}/{chunk}/{time.time_ns()}".encode()).hexdigest()[:16],
         desc=f"tokenizing {source.name} chunk {chunk}",
     )
     tokens, lengths = _flatten_token_lists(mapped.data.column("input_ids"))
+    skipped = mapped.data.column("skipped").to_numpy().astype(np.uint8)
     del mapped
     shutil.rmtree(scratch, ignore_errors=True)
-    return tokens, lengths
+    return tokens, lengths, skipped
 
 
 def _tokenize_texts(texts: list, *, tokenizer: Tokenizer, source: SourceConfig, first_document: int,
-                    skip_undecodable: bool = False):
+                    skip_undecodable: bool = False, max_document_chars: int | None = None):
+    """Like _tokenize_indexed for a list of texts (a streaming source's chunk)."""
     where = f"source {source.name!r} ({source_location(source)})"
-    pieces = []
+    pieces, skipped = [], []
     for start in range(0, len(texts), 4096):
         batch = texts[start : start + 4096]
-        ids = tokenize_batch({"text": batch}, range(start, start + len(batch)), tokenizer=tokenizer, text_field="text",
-                             first_document=first_document, where=where, skip_undecodable=skip_undecodable)["input_ids"]
-        pieces.extend(ids)
+        out = tokenize_batch({"text": batch}, list(range(start, start + len(batch))), tokenizer=tokenizer,
+                             text_field="text", first_document=first_document, where=where,
+                             skip_undecodable=skip_undecodable, max_document_chars=max_document_chars)
+        pieces.extend(out["input_ids"])
+        skipped.extend(out["skipped"])
     lengths = np.fromiter((len(ids) for ids in pieces), dtype=np.int64, count=len(pieces))
     tokens = np.fromiter((token for ids in pieces for token in ids), dtype=TOKEN_DTYPE, count=int(lengths.sum()))
-    return tokens, lengths
-
-
-def _dropped(lengths: np.ndarray, cfg: DataConfig) -> np.ndarray | None:
-    """Documents dropped by tokenize_batch (the only ones without even an EOS), when skipping is on."""
-    return lengths == 0 if cfg.skip_undecodable_documents else None
+    return tokens, lengths, np.asarray(skipped, dtype=np.uint8)
 
 
 def _prepare_indexed(dataset, directory, cfg, source, tokenizer, num_proc, progress) -> list[dict]:
@@ -249,12 +283,11 @@ def _prepare_indexed(dataset, directory, cfg, source, tokenizer, num_proc, progr
             first, end = chunk * per_chunk, min(total, (chunk + 1) * per_chunk)
             record = _completed_chunk(directory, chunk, first, end - first)
             if record is None:
-                tokens, lengths = _tokenize_indexed(
+                tokens, lengths, skipped = _tokenize_indexed(
                     dataset, first, end, tokenizer=tokenizer, source=source, num_proc=num_proc,
-                    scratch=directory / "tmp", chunk=chunk, skip_undecodable=cfg.skip_undecodable_documents,
+                    scratch=directory / "tmp", chunk=chunk, **_tokenize_options(cfg),
                 )
-                record = _write_chunk(directory, chunk, first, tokens, lengths, cfg.validation_fraction,
-                                      _dropped(lengths, cfg))
+                record = _write_chunk(directory, chunk, first, tokens, lengths, cfg.validation_fraction, skipped)
             records.append(record)
             bar.update()
     return records
@@ -275,17 +308,17 @@ def _prepare_streaming(dataset, directory, cfg, source, tokenizer, progress) -> 
         for example in stream:
             buffer.append(example.get(source.text_field) if isinstance(example, dict) else None)
             if len(buffer) == per_chunk:
-                tokens, lengths = _tokenize_texts(buffer, tokenizer=tokenizer, source=source, first_document=chunk * per_chunk,
-                                                  skip_undecodable=cfg.skip_undecodable_documents)
+                tokens, lengths, skipped = _tokenize_texts(buffer, tokenizer=tokenizer, source=source,
+                                                           first_document=chunk * per_chunk, **_tokenize_options(cfg))
                 records.append(_write_chunk(directory, chunk, chunk * per_chunk, tokens, lengths, cfg.validation_fraction,
-                                            _dropped(lengths, cfg)))
+                                            skipped))
                 bar.update(len(buffer))
                 chunk, buffer = chunk + 1, []
         if buffer:
-            tokens, lengths = _tokenize_texts(buffer, tokenizer=tokenizer, source=source, first_document=chunk * per_chunk,
-                                              skip_undecodable=cfg.skip_undecodable_documents)
+            tokens, lengths, skipped = _tokenize_texts(buffer, tokenizer=tokenizer, source=source,
+                                                       first_document=chunk * per_chunk, **_tokenize_options(cfg))
             records.append(_write_chunk(directory, chunk, chunk * per_chunk, tokens, lengths, cfg.validation_fraction,
-                                        _dropped(lengths, cfg)))
+                                        skipped))
             bar.update(len(buffer))
     return records
 
@@ -358,7 +391,7 @@ def prepare_source(
         source.name, settings["source"], tokenizer.identity, cfg.validation_fraction, cfg.documents_per_shard,
         records, time.perf_counter() - started,
     )
-    statistics = source_statistics(source, cfg)
+    statistics = source_statistics(source, cfg) or _files_without_documents(source, manifest["documents"])
     if statistics is not None:  # what reading kept and left out (duplicates, oversize, undecodable files)
         manifest["source_statistics"] = statistics
     atomic_write_json(directory / "manifest.json", manifest)
@@ -366,11 +399,36 @@ def prepare_source(
     return manifest
 
 
+def _files_without_documents(source: SourceConfig, documents: int) -> dict | None:
+    """Text files read one document per file that gave no document (see the module docstring), or None."""
+    if source.kind != "files" or source.text_sample_by != "document":
+        return None
+    from data.sources import is_saved_dataset, resolve_data_files  # the files datasets was given
+
+    if is_saved_dataset(Path(os.path.expanduser(source.path or ""))):
+        return None
+    files, file_format = resolve_data_files(source)
+    if file_format != "text" or documents >= len(files):
+        return None
+    from datasets.utils.extract import Extractor
+
+    archives = [str(path) for path in files if not path.name.lower().endswith(".gz")
+                and Extractor.infer_extractor_format(str(path))]
+    log.warning("source %r: %d text files gave %d documents; datasets reads %s as archives (by their bytes: an "
+                "all-NUL file is an empty tar) and finds no text in them: left out, counted in the manifest's "
+                "source_statistics", source.name, len(files), documents, archives or "some files")
+    return {"files": len(files), "documents": documents, "files_without_documents": len(files) - documents,
+            "read_as_archives": archives}
+
+
 def _assemble_manifest(
     name: str, source: dict, tokenizer_identity: dict, fraction: float, per_chunk: int, records: list[dict], seconds: float
 ) -> dict:
     shards = [entry for record in records for entry in record["shards"]]
-    skipped = sum(record.get("skipped_documents", {}).get("undecodable", 0) for record in records)
+    skipped: dict[str, int] = {}
+    for record in records:
+        for reason, count in record.get("skipped_documents", {}).items():
+            skipped[reason] = skipped.get(reason, 0) + int(count)
     splits = {
         split: {
             "tokens": sum(entry["tokens"] for entry in shards if entry["split"] == split),
@@ -395,7 +453,7 @@ def _assemble_manifest(
         "shards": shards,
         "seconds": round(seconds, 3),
         "complete": True,
-        **({"skipped_documents": {"undecodable": skipped}} if skipped else {}),
+        **({"skipped_documents": skipped} if skipped else {}),
     }
 
 

@@ -19,10 +19,20 @@ its split totals must equal the sums of its shards, and no unlisted shard file m
 them (`check_manifest_totals`); every shard listed must exist with exactly the size the
 manifest gives (a stat per file: catches missing and truncated shards), the index must agree
 with the token count, the tokenizer identity must match the configured tokenizer, and (unless
-``verify_checksums`` is off) the sha256 of every file is checked once per process. sha256 ran
-at 0.87 GB/s per core on the development machine (docs/data.md); the work is split across
-data-parallel ranks (rank r hashes shards r, r + w, ...), so a 40 TB corpus (10T tokens)
-costs each of 1024 ranks ~40 GB of reads, about 45 s at that rate.
+``verify_checksums`` is off) the sha256 of every file is checked once per process, and in the
+same read the largest token id of every shard against the tokenizer's vocabulary (an error
+names the file and the token's offset). sha256 ran at 0.87 GB/s per core on the development
+machine (docs/data.md); the work is split across data-parallel ranks (rank r hashes shards r,
+r + w, ...), so a 40 TB corpus (10T tokens) costs each of 1024 ranks ~40 GB of reads, about
+45 s at that rate.
+
+Reading: tokens are read with pread(2), not through a memory map. A shard truncated while a run
+reads it then gives a short read, reported as a DataError naming the file; through a memory map
+the same access is a SIGBUS that kills the process without a word. Every window read is also
+checked against the vocabulary (a max over T + 1 ids), so ids beyond it are named by file and
+offset even with ``verify_checksums`` off, never an index error deep in the embedding.
+`TokenStream.identity` (the manifest path and `content_sha256`) is what checkpoints record of
+the corpus.
 """
 
 from __future__ import annotations
@@ -168,24 +178,87 @@ def check_tokenizer_matches(manifest_path: Path, recorded: dict, expected: dict)
         )
 
 
+def content_sha256(manifest: dict) -> str:
+    """sha256 of what a prepared source holds: its tokenizer and every shard's name, size and sha256 (not the
+    preparation time or statistics: preparing the same documents again gives the same hash)."""
+    shards = sorted((entry["split"], entry["bin"], entry["tokens"], entry["bin_sha256"], entry["index_sha256"])
+                    for entry in manifest["shards"])
+    payload = {"tokenizer": manifest.get("tokenizer"), "shards": shards}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _vocabulary_message(path: Path, offset: int, token: int, vocab_size: int, manifest_path: Path) -> str:
+    return (f"shard file {path}: token {offset} (byte {offset * TOKEN_DTYPE.itemsize}) is id {token}, outside the "
+            f"tokenizer's vocabulary of {vocab_size} ids that {manifest_path} records: these tokens were not made by "
+            "that tokenizer; prepare the source again")
+
+
+def scan_tokens(path: Path) -> tuple[str, int, int]:
+    """(sha256, largest token id, offset of its first occurrence) of a token shard, in one read."""
+    digest, largest, where, base = hashlib.sha256(), -1, 0, 0
+    with open(path, "rb") as handle:
+        while block := handle.read(8 << 20):  # a multiple of the token size: blocks hold whole tokens
+            digest.update(block)
+            tokens = np.frombuffer(block, dtype=TOKEN_DTYPE)
+            if tokens.size and int(tokens.max()) > largest:
+                largest, where = int(tokens.max()), base + int(tokens.argmax())
+            base += tokens.size
+    return digest.hexdigest(), largest, where
+
+
 _verified_lock = threading.Lock()
-_verified: dict[tuple[str, int, int], str] = {}
-"""(path, size, mtime_ns) -> sha256 of files already hashed in this process."""
+_verified: dict[tuple[str, int, int], tuple] = {}
+"""(path, size, mtime_ns) -> (sha256, largest token id, its offset) of files already read in this process."""
 
 
-def _verify_checksum(path: Path, expected: str, manifest_path: Path) -> None:
+def _verify_checksum(path: Path, expected: str, manifest_path: Path, vocab_size: int | None = None) -> None:
+    """The file's sha256 against the manifest's; for a token shard (vocab_size given) also its largest id."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     with _verified_lock:
         known = _verified.get(key)
-    actual = known or file_sha256(path)
+    if known is None or (vocab_size is not None and known[1] is None):
+        known = scan_tokens(path) if vocab_size is not None else (file_sha256(path), None, None)
+    actual = known[0]
     if actual != expected:
         raise DataError(
             f"checksum mismatch: {path} has sha256 {actual[:16]}..., {manifest_path} records {expected[:16]}... "
             "(corrupt or modified shard; prepare the source again)"
         )
+    if vocab_size is not None and known[1] >= vocab_size:
+        raise DataError(_vocabulary_message(path, known[2], known[1], vocab_size, manifest_path))
     with _verified_lock:
-        _verified[key] = actual
+        _verified[key] = known
+
+
+class TokenFile:
+    """A shard's tokens, read with pread(2): a file that shrinks under the run is a named error, not a SIGBUS."""
+
+    def __init__(self, path: Path, num_tokens: int):
+        self.path, self.num_tokens = path, num_tokens
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """uint32 [count]: tokens [start, start + count) of the shard."""
+        size = TOKEN_DTYPE.itemsize
+        tokens = np.empty(count, dtype=TOKEN_DTYPE)
+        view, done = memoryview(tokens).cast("B"), 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], start * size + done)  # straight into the array
+            if not got:  # end of file before the end of the range: the file shrank
+                raise DataError(
+                    f"shard file {self.path} shrank while this run reads it: tokens [{start}, {start + count}) lie "
+                    f"beyond its end ({os.fstat(self._fd).st_size} bytes now, {self.num_tokens * size} when the run "
+                    "opened it). A prepared source must not change under a running job: restore it (or prepare "
+                    "it anew elsewhere) and restart; the run resumes from its newest checkpoint"
+                )
+            done += got
+        return tokens
+
+    def __del__(self) -> None:
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            os.close(fd)
 
 
 @dataclass
@@ -196,18 +269,23 @@ class ShardFiles:
     index_path: Path
     num_tokens: int
     num_documents: int
-    tokens: np.ndarray  # uint32 [num_tokens] (memmap; an empty array for an empty shard)
-    offsets: np.ndarray  # int64 [num_documents + 1] (memmap)
+    tokens: TokenFile | None  # read with pread (None for an empty shard)
+    offsets: np.ndarray  # int64 [num_documents + 1] (memmap; read for document_ids only)
+    index_bytes: int = 0  # the index file's size when opened
 
 
 class TokenStream:
     """One split of one prepared source: its shards as one contiguous, read-only token stream."""
 
-    def __init__(self, directory: Path, split: str, manifest: dict, shards: list[ShardFiles]):
+    def __init__(self, directory: Path, split: str, manifest: dict, shards: list[ShardFiles],
+                 vocab_size: int | None = None):
         self.directory = directory
         self.split = split
         self.manifest = manifest
         self.name = manifest["name"]
+        # every id read must be below this (None: unchecked); the tokenizer's, as the manifest records it
+        self.vocab_size = vocab_size if vocab_size is not None else manifest.get("tokenizer", {}).get("vocab_size")
+        self.identity = {"manifest": str(self.manifest_path), "sha256": content_sha256(manifest)}
         self.shards = [shard for shard in shards if shard.num_tokens > 0]
         counts = np.array([shard.num_tokens for shard in self.shards], dtype=np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -234,7 +312,12 @@ class TokenStream:
             shard = self.shards[shard_index]
             local = start + written - int(self.shard_starts[shard_index])
             take = min(length - written, shard.num_tokens - local)
-            out[written : written + take] = shard.tokens[local : local + take]
+            tokens = shard.tokens.read(local, take)
+            if self.vocab_size is not None and take and int(tokens.max()) >= self.vocab_size:
+                bad = int(np.argmax(tokens >= self.vocab_size))
+                raise DataError(_vocabulary_message(shard.tokens_path, local + bad, int(tokens[bad]), self.vocab_size,
+                                                    self.manifest_path))
+            out[written : written + take] = tokens
             written += take
             shard_index += 1
 
@@ -247,7 +330,11 @@ class TokenStream:
         shard_index, end = self._locate(start), start + length
         while shard_index < len(self.shards) and self.shard_starts[shard_index] < end:
             base = int(self.shard_starts[shard_index])
-            offsets = self.shards[shard_index].offsets
+            shard = self.shards[shard_index]
+            if shard.index_path.stat().st_size < shard.index_bytes:  # the memory map below would SIGBUS
+                raise DataError(f"document index {shard.index_path} shrank while this run reads it "
+                                f"({shard.index_path.stat().st_size} bytes now, {shard.index_bytes} when opened)")
+            offsets = shard.offsets
             low = np.searchsorted(offsets, start - base, side="right")
             high = np.searchsorted(offsets, end - base, side="left")
             boundaries.append(np.asarray(offsets[low:high], dtype=np.int64) + base)
@@ -270,11 +357,7 @@ def _open_shard(directory: Path, entry: dict, manifest_path: Path) -> ShardFiles
     num_tokens, num_documents = int(entry["tokens"]), int(entry["documents"])
     if entry["bin_bytes"] != num_tokens * TOKEN_DTYPE.itemsize:
         raise DataError(f"{manifest_path}: entry for {tokens_path.name} gives {num_tokens} tokens but {entry['bin_bytes']} bytes")
-    tokens = (
-        np.memmap(tokens_path, dtype=TOKEN_DTYPE, mode="r", shape=(num_tokens,))
-        if num_tokens
-        else np.empty(0, dtype=TOKEN_DTYPE)
-    )
+    tokens = TokenFile(tokens_path, num_tokens) if num_tokens else None
     try:
         offsets = np.load(index_path, mmap_mode="r", allow_pickle=False)
     except ValueError as error:
@@ -285,7 +368,7 @@ def _open_shard(directory: Path, entry: dict, manifest_path: Path) -> ShardFiles
         )
     if int(offsets[0]) != 0 or int(offsets[-1]) != num_tokens:
         raise DataError(f"document index {index_path} spans [{int(offsets[0])}, {int(offsets[-1])}], expected [0, {num_tokens}]")
-    return ShardFiles(tokens_path, index_path, num_tokens, num_documents, tokens, offsets)
+    return ShardFiles(tokens_path, index_path, num_tokens, num_documents, tokens, offsets, int(entry["index_bytes"]))
 
 
 def open_split(
@@ -319,14 +402,16 @@ def open_split(
     check_manifest_totals(directory, manifest)
     entries = [entry for entry in manifest["shards"] if entry["split"] == split]
     shards = [_open_shard(directory, entry, manifest_path) for entry in entries]
+    vocab_size = (expected_tokenizer or manifest.get("tokenizer") or {}).get("vocab_size")
     if verify_checksums:
         jobs = []
         for number, entry in enumerate(entries):
             if number % checksum_world_size != checksum_rank:
                 continue
-            jobs.append((directory / entry["bin"], entry["bin_sha256"]))
-            jobs.append((directory / entry["index"], entry["index_sha256"]))
+            jobs.append((directory / entry["bin"], entry["bin_sha256"], vocab_size))
+            jobs.append((directory / entry["index"], entry["index_sha256"], None))
         with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-            for future in [pool.submit(_verify_checksum, path, digest, manifest_path) for path, digest in jobs]:
+            for future in [pool.submit(_verify_checksum, path, digest, manifest_path, vocab)
+                           for path, digest, vocab in jobs]:
                 future.result()
-    return TokenStream(directory, split, manifest, shards)
+    return TokenStream(directory, split, manifest, shards, vocab_size)

@@ -1,15 +1,16 @@
 """Turn a training checkpoint into a Hugging Face NemotronH directory, tokenizer included.
 
     python scripts/export_hf.py RUN_DIR/checkpoints/step_00001000 OUT_DIR [--dtype bfloat16]
-        [--tokenizer PATH]
+        [--tokenizer PATH] [--overwrite]
 
 Writes safetensors weights, config.json, generation_config.json, tokenizer.json and
 tokenizer_config.json, so that `AutoTokenizer.from_pretrained(OUT_DIR)` and
 `AutoModelForCausalLM.from_pretrained(OUT_DIR).generate(...)` work and generation stops on the
 EOS that ended every training document. The tokenizer is the one the checkpoint records (path
 and sha256); `--tokenizer` points at a copy of it when that path is gone (it must hash the
-same). The work is trainer.hf_export.export_checkpoint (checkpoint.export_hf_at_end does the
-same at the end of a run).
+same). OUT_DIR must be new or empty: stale files of an earlier export would be read with the
+new ones; `--overwrite` empties it first (a directory of files only). The work is
+trainer.hf_export.export_checkpoint (checkpoint.export_hf_at_end does the same at the end of a run).
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tokenizer", type=Path, default=None,
                         help="the training tokenizer (tokenizer.json or an HF tokenizer directory) when the recorded "
                              "path is gone; must hash as recorded")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="empty OUT_DIR first when it holds files (of an earlier export); without it a non-empty "
+                             "OUT_DIR is refused")
     args = parser.parse_args(argv)
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer)
+        out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer, args.overwrite)
     except (FileNotFoundError, KeyError, ValueError) as error:
         raise SystemExit(f"export_hf: {error}") from None
     print(f"exported {args.checkpoint} to {out}")

@@ -121,7 +121,12 @@ def cli() -> None:
         if message:
             print(f"Error in override '{argument}':\n{message}", file=sys.stderr)
             sys.exit(2)
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C outside the steps (during them, the loop saves and stops cleanly)
+        print("\ninterrupted (SIGINT) outside the training steps: nothing to save; prepared data chunks and "
+              "checkpoints are kept, and the next start goes on from there", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

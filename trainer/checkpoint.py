@@ -5,26 +5,33 @@ On disk, one directory per checkpoint:
   <dir>/step_00000100/          a complete checkpoint (visible only once everything is written)
       .metadata, __*_*.distcp   DCP: model and optimizer state, sharded as the run was
       trainer_state.json        step, tokens, data-loader position, guard counters, world size,
-                                model config, precision backend and parameter layout
+                                optimizer step count, model config, precision backend, parameter
+                                layout, tokenizer, corpus and resolved config (trainer/resume_changes.py)
       rng_rank{r}.json          each rank's RNG states (python, numpy, torch CPU and CUDA) as JSON
+                                (trainer/checkpoint_rng.py)
       integrity.json            size and sha256 of every file above (trainer/integrity.py)
   <dir>/.tmp_step_00000200/     a save in progress (ignored by resume, removed by the next save)
   <dir>/corrupt_step_00000300/  a checkpoint that failed verification, set aside (never deleted)
-  <dir>/superseded_step_00000400/  a checkpoint newer than the one a run resumed from, set aside
+  <dir>/superseded_step_00000400/  a checkpoint newer than the one a run resumed from, or of the same
+                                step as a new save from another history, set aside (never deleted)
 
 Atomicity: every rank writes into the `.tmp_` directory; after a barrier rank 0 writes
 trainer_state.json, the ranks hash the files (each its share), rank 0 writes integrity.json
 and renames the directory to its final name (rename is atomic on POSIX filesystems). A run
 killed mid-save leaves only a `.tmp_` directory, so the next start resumes from the previous
-complete checkpoint. A save that fails (disk full, permission denied) stops the run with the
-reason and the path, after removing its `.tmp_` directory; the previous checkpoints are untouched.
+complete checkpoint. A step is saved once (a stop in a step just saved does not save it again),
+and a committed checkpoint is never deleted to make room for a new one: one of the same step is
+set aside first. A save that fails (disk full, permission denied) stops the run with the reason
+and the path, after removing its `.tmp_` directory; the previous checkpoints are untouched.
 
 Resume (`select_resume`, then `load`): the newest checkpoint is verified against its
 integrity.json before anything of it is read (DCP's `.metadata` is a pickle, so this comes
 first); a corrupt or incomplete one is reported by path and, with checkpoint.on_corrupt=fallback,
 set aside as corrupt_step_N while the run resumes from the newest intact one. Then the recorded
 model is compared with the run's (trainer/compat.py): a mismatch stops before anything is loaded
-or pruned, unless checkpoint.allow_model_change. Nothing here is unpickled: trainer state and
+or pruned, unless checkpoint.allow_model_change; so do another tokenizer or corpus
+(trainer/resume_changes.py) unless allowed. After loading, the optimizer's update count must be
+the recorded one (files of two saves are refused). Nothing here is unpickled: trainer state and
 RNG states are JSON. DCP checkpoints are trusted input all the same (docs/reliability.md).
 
 Pruning keeps the newest `keep` checkpoints of this run's model, and also, whatever its age,
@@ -49,17 +56,14 @@ restored when the world size matches and re-seeded from (seed, step, rank) other
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import os
-import random
 import shutil
 import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
@@ -71,7 +75,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from trainer import compat, integrity
+from trainer import compat, integrity, resume_changes
+from trainer.checkpoint_rng import read_rng_state, rng_state, seed_all, set_rng_state
 from trainer.config import CheckpointConfig
 from trainer.distributed import DistEnv, all_gather_object, barrier, broadcast_object, process_group_timeout_s
 from trainer.oserrors import explain_write_failure
@@ -292,11 +297,17 @@ class Checkpointer:
     def save(self, step: int, model, optimizer, trainer_state: dict) -> Path:
         """Save synchronously (or start an async save); returns the final directory name.
 
+        A step is saved once: a second call for the step last saved (a stop signal in a step that
+        checkpoint.every saved, or the step resumed from) returns at once, since its checkpoint is
+        committed or being committed; saving it again could only put that one at risk.
+
         Raises CheckpointSaveError on every rank when any rank fails, after removing the partial directory.
         """
+        final = self.dir / checkpoint_name(step)
+        if step == self.last_saved_step:
+            return final
         self.wait()  # finish a pending async save first: checkpoints become visible in order
         self.last_saved_step = step
-        final = self.dir / checkpoint_name(step)
         tmp = self.dir / f"{_TMP_PREFIX}{step:08d}"
         error = None
         if self.env.is_main:
@@ -313,11 +324,11 @@ class Checkpointer:
         rng_file = tmp / f"rng_rank{self.env.rank}.json"
         error = None
         try:
-            _write_json(rng_file, _rng_state())
+            _write_json(rng_file, rng_state())
         except Exception as failure:  # noqa: BLE001 - reported, with the path, by every rank below
             error = f"rank {self.env.rank}: {explain_write_failure(failure, rng_file)}"
         self._agree(error, tmp, final)
-        trainer_state = dict(trainer_state, world_size=self.env.world_size)
+        trainer_state = dict(trainer_state, world_size=self.env.world_size, optimizer_step=optimizer_step(optimizer))
         if self.model_config is not None:
             trainer_state.update(model_config=dataclasses.asdict(self.model_config),
                                  precision_backend=self.precision_backend,
@@ -393,8 +404,9 @@ class Checkpointer:
             try:
                 integrity.write_manifest(tmp, files)
                 _fsync_directory(tmp)
-                if final.exists():  # a checkpoint of the same step from an earlier attempt
-                    shutil.rmtree(final)
+                if final.exists():  # another history's checkpoint of this step (checkpoint.resume=none)
+                    moved = _set_aside(final, SUPERSEDED_PREFIX)  # moved, never deleted: no moment without it
+                    _warn(f"{final} belongs to another history of this directory: moved to {moved}")
                 os.rename(tmp, final)
                 _fsync_directory(self.dir)
             except Exception as failure:  # noqa: BLE001
@@ -444,12 +456,15 @@ class Checkpointer:
 
     # ----------------------------------------------------------------------------- loading
     def load(self, path: Path, model, optimizer) -> dict:
-        """Check the model, then load model + optimizer (resharding as needed) and RNG; returns trainer_state.
+        """Check the model, tokenizer and corpus, then load model + optimizer (resharding as needed) and RNG,
+        check the optimizer's step count; returns trainer_state.
 
         `path` must have passed `verify` (select_resume does that). With a model that differs from the
         checkpoint's, raises IncompatibleCheckpoint before reading any tensor, unless
         checkpoint.allow_model_change: then the parameters whose name and shape match are loaded, the
         others keep their init, the optimizer starts fresh, and trainer_state["model_changes"] lists why.
+        A tokenizer or corpus other than the one recorded raises IncompatibleCheckpoint too, unless
+        checkpoint.allow_tokenizer_change / allow_data_change (trainer_state["data_changes"] then says what).
         """
         path = Path(path)
         trainer_state = read_trainer_state(path)
@@ -463,6 +478,14 @@ class Checkpointer:
                 "loaded or pruned. Resume with the checkpoint's settings, or load what matches into this model "
                 "on purpose with checkpoint.allow_model_change=true (docs/reliability.md)"
             )
+        refused, allowed = resume_changes.data_changes(trainer_state, self._tracked[2].records if self._tracked else {},
+                                                       self.cfg)
+        if refused:
+            raise IncompatibleCheckpoint(
+                f"checkpoint {path} was trained on other data than this run's: {'; '.join(refused)}. Nothing was "
+                "loaded; resume with the checkpoint's tokenizer and data, or start a new run (docs/reliability.md)")
+        if allowed:
+            trainer_state["data_changes"] = allowed
         try:
             if changes:
                 trainer_state["model_changes"] = changes
@@ -474,15 +497,40 @@ class Checkpointer:
                 set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         except (Exception, CheckpointException) as error:  # noqa: BLE001 - verified files DCP still cannot read
             raise CorruptCheckpoint(f"cannot load {path} with DCP: {type(error).__name__}: {error}") from error
+        if not changes:
+            self._check_optimizer_step(path, trainer_state, optimizer)
         rng_file = path / f"rng_rank{self.env.rank}.json"
         if trainer_state.get("world_size") == self.env.world_size and rng_file.exists():
-            _set_rng_state(_read_rng_state(rng_file))
+            try:
+                set_rng_state(read_rng_state(rng_file))
+            except ValueError as error:
+                raise CorruptCheckpoint(str(error)) from error
         else:
             seed = (trainer_state.get("seed", 0) * 1_000_003 + trainer_state["step"]) * 1009 + self.env.rank
-            _seed_all(seed % (2**63))
+            seed_all(seed % (2**63))
         self._set_aside_newer(trainer_state["step"])
         self.last_saved_step = trainer_state["step"]
         return trainer_state
+
+    def _check_optimizer_step(self, path: Path, trainer_state: dict, optimizer) -> None:
+        """The loaded optimizer state must have taken the updates trainer_state.json records (collective).
+
+        Files of two saves that each verify (a .distcp of another checkpoint, integrity.json edited to
+        match) would otherwise resume one step's weights and Adam moments as another step."""
+        recorded = trainer_state.get("optimizer_step")
+        if recorded is None:  # saved before the count was recorded
+            return
+        found = optimizer_step(optimizer)
+        disagreeing = [(rank, seen) for rank, seen in enumerate(all_gather_object(found)) if seen != recorded]
+        if disagreeing:
+            rank, seen = disagreeing[0]
+            skipped = trainer_state.get("guard", {}).get("skipped_total", 0)
+            raise CorruptCheckpoint(
+                f"checkpoint {path}: its optimizer state has taken {seen} updates (as rank {rank} loaded it), but "
+                f"{STATE_FILE} records {recorded} (step {trainer_state['step']}, {skipped} non-finite steps "
+                "skipped): its files are not of one save (a .distcp of another checkpoint?). Not resuming from "
+                "it; choose another with checkpoint.resume=<path>"
+            )
 
     def _load_matching_parameters(self, path: Path, model) -> dict:
         """allow_model_change: load the parameters stored with the same name and shape; report the rest."""
@@ -500,6 +548,12 @@ class Checkpointer:
         dropped = sorted(key[len("model."):] for key in stored if key.startswith("model.")
                          and key[len("model."):] not in current)
         return {"loaded": len(loadable), "initialized": fresh, "dropped": dropped}
+
+
+def optimizer_step(optimizer) -> int:
+    """Updates the optimizer has applied: AdamW's per-parameter 'step' (the largest; 0 before the first)."""
+    steps = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
+    return max(steps, default=0)
 
 
 def _corrupt_message(path: Path, problems: List[str]) -> str:
@@ -521,50 +575,3 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-
-
-def _bytes_text(tensor: torch.Tensor) -> str:
-    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
-
-
-def _text_bytes(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-
-def _rng_state() -> dict:
-    """Every RNG state as JSON-ready values (no pickle anywhere)."""
-    version, internal, gauss = random.getstate()
-    kind, keys, position, has_gauss, cached = np.random.get_state()
-    state = {"python": [version, list(internal), gauss],
-             "numpy": [kind, keys.tolist(), int(position), int(has_gauss), float(cached)],
-             "torch": _bytes_text(torch.get_rng_state())}
-    if torch.cuda.is_available():
-        state["cuda"] = _bytes_text(torch.cuda.get_rng_state())
-    return state
-
-
-def _read_rng_state(path: Path) -> dict:
-    try:
-        state = json.loads(path.read_text())
-        version, internal, gauss = state["python"]
-        kind, keys, position, has_gauss, cached = state["numpy"]
-        return {"python": (version, tuple(internal), gauss),
-                "numpy": (kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached),
-                "torch": _text_bytes(state["torch"]),
-                "cuda": _text_bytes(state["cuda"]) if "cuda" in state else None}
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
-        raise CorruptCheckpoint(f"cannot read the RNG states in {path}: {type(error).__name__}: {error}") from error
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def _seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)

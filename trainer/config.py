@@ -135,6 +135,14 @@ class CheckpointConfig:
     allow_model_change: bool = False
     """Resume into a model whose config differs from the checkpoint's: parameters with the same name and
     shape are loaded, the others keep their fresh init, the optimizer starts anew. Off: a mismatch stops."""
+    allow_tokenizer_change: bool = False
+    """Resume a checkpoint trained with another tokenizer (another sha256, vocabulary size or EOS id): the
+    token ids then mean other text to the loaded weights. Off: such a resume stops naming both tokenizers;
+    on: it goes ahead and events.jsonl records a tokenizer_changed_on_resume event with both."""
+    allow_data_change: bool = False
+    """Resume a checkpoint trained on another corpus (a source's prepared shards hash differently, or a source
+    was added or removed): the data position then points into other data. Off: such a resume stops naming the
+    sources and both manifests; on: it goes ahead and events.jsonl records a data_changed_on_resume event."""
     async_save: bool = False
     """Write checkpoints in the background (DCP async_save) while training continues."""
     save_at_end: bool = True

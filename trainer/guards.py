@@ -5,13 +5,20 @@
   checkpoint and halts with an error: something is wrong beyond a one-off bad batch.
   The grad norm is the global one (reduced over ranks), so every rank decides alike.
 - A loss spike (loss > spike_factor x its running mean) is logged as an event, nothing more.
-- SIGTERM / SIGUSR1 (cluster preemption; SLURM sends them before the kill) set a flag; at the
-  next step boundary all ranks agree (max-reduce), save a checkpoint and exit cleanly.
+- SIGTERM / SIGUSR1 (cluster preemption; SLURM sends them before the kill) and SIGINT (Ctrl-C)
+  set a flag; at the next step boundary all ranks agree (max-reduce), save a checkpoint and exit
+  cleanly. A second SIGINT exits at once (exit code 130), without that checkpoint: every write
+  is atomic (a save in progress is only a `.tmp_` directory), so nothing committed is touched. A
+  second SIGTERM changes nothing (schedulers repeat it before their SIGKILL).
+- A failure that leaves the run unable to record what it does (metrics.jsonl or events.jsonl
+  on rank 0 not writable: disk full) also stops at the boundary, after a checkpoint attempt,
+  with `RunStopped` naming the file (`PreemptionFlag.requested(failure)`, `stop_after_failure`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 
 import torch
@@ -64,32 +71,68 @@ class StepGuard:
         self._seen = state["seen"]
 
 
-class PreemptionFlag:
-    """Set by SIGTERM/SIGUSR1; `requested()` is collective: every rank must call it each step."""
+class RunStopped(RuntimeError):
+    """The run stopped because it could not go on safely (e.g. its logs are not writable); the
+    message says why and what was saved."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+INTERRUPT_EXIT_CODE = 130
+"""Exit code after a second SIGINT (128 + SIGINT, as shells report an interrupted command)."""
+
+
+class PreemptionFlag:
+    """Set by SIGTERM/SIGUSR1/SIGINT; `requested()` is collective: every rank must call it each step."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self, device: torch.device):
         self.device = device
         self.signal_name = None
+        self.failure = None  # set by requested(): why the run must stop, when it is not a signal
         self._previous = {}
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        # os.write, not print: a handler may run while the main thread is inside print
+        if signum == signal.SIGINT and self.signal_name == "SIGINT":
+            os.write(2, b"\nsecond SIGINT: stopping now, without a checkpoint of this step; committed "
+                        b"checkpoints are intact and the next start resumes from the newest\n")
+            os._exit(INTERRUPT_EXIT_CODE)
+        if signum == signal.SIGINT:
+            os.write(2, b"\nSIGINT: saving a checkpoint at the end of this step, then stopping "
+                        b"(press Ctrl-C again to stop at once, without it)\n")
         self.signal_name = signal.Signals(signum).name
 
-    def requested(self) -> bool:
-        local = self.signal_name is not None
+    def requested(self, failure: str | None = None) -> bool:
+        """Whether any rank was signalled or passes a `failure` (rank 0's reason to stop, e.g. its
+        metrics file is not writable); a failure is then in `self.failure` on every rank."""
+        code = 2 if failure else 1 if self.signal_name is not None else 0
         if dist.is_initialized() and dist.get_world_size() > 1:
-            flag = torch.tensor([1 if local else 0], device=self.device)
+            flag = torch.tensor([code], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            return bool(flag.item())
-        return local
+            code = int(flag.item())
+            if code == 2:
+                shared = [failure]
+                dist.broadcast_object_list(shared, src=0)  # the failing writer is rank 0 (the logger's)
+                failure = shared[0]
+        if code == 2:
+            self.failure = failure or "a failure on another rank"
+        return code > 0
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def stop_after_failure(checkpointer, step: int, failure: str) -> None:
+    """Attempt a checkpoint of `step`, then raise RunStopped saying why the run stops and what was saved."""
+    try:
+        saved = checkpointer.save_now(step)
+    except Exception as error:  # noqa: BLE001 - reported with the failure that stops the run
+        raise RunStopped(f"{failure}; the checkpoint attempted at step {step} failed too: {error}") from error
+    raise RunStopped(f"{failure}. Checkpoint {saved} holds step {step}; make the file writable (free space) "
+                     "and start again to resume from it")
 
 
 OOM_ADVICE = (

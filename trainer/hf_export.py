@@ -13,6 +13,11 @@ model from every rank instead of reading a checkpoint.
 
 The tokenizer is checked, never guessed: the one used is the recorded path (or the one given)
 and its sha256 must equal the recorded one.
+
+`export_checkpoint` writes into an empty (or new) directory only: files an earlier export left
+there (added_tokens.json, special_tokens_map.json, chat_template.jinja, other shards) would be
+read by transformers together with the new ones. `overwrite=True` (`--overwrite`) empties the
+directory first, and only a directory of plain files, as an export is (never a run directory).
 """
 
 from __future__ import annotations
@@ -82,15 +87,47 @@ def checkpoint_tokenizer(trainer_state: dict, path: Optional[str | Path] = None,
     return tokenizer
 
 
+class ExportDirectoryNotEmpty(ValueError):
+    """The export's target directory holds files (of an earlier export?) and overwrite was not asked for."""
+
+
+def empty_export_directory(out_dir: Path, overwrite: bool) -> None:
+    """Refuse a non-empty `out_dir`, or with `overwrite` empty it (plain files only: never a directory tree)."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ExportDirectoryNotEmpty(f"{out_dir} exists and is not a directory")
+    entries = sorted(out_dir.iterdir())
+    if not entries:
+        return
+    names = ", ".join(entry.name for entry in entries[:8]) + (", ..." if len(entries) > 8 else "")
+    if not overwrite:
+        raise ExportDirectoryNotEmpty(
+            f"{out_dir} is not empty ({names}): files of an earlier export left there would be read with this one "
+            "(transformers reads added_tokens.json, special_tokens_map.json, chat_template.jinja, ...). Choose a new "
+            "or empty directory, or pass --overwrite to empty it first")
+    folders = [entry.name for entry in entries if entry.is_dir() and not entry.is_symlink()]
+    if folders:
+        raise ExportDirectoryNotEmpty(
+            f"not emptying {out_dir}: it holds directories ({', '.join(folders[:8])}), which no export writes "
+            "(a run directory?); --overwrite empties only a directory of files. Choose another directory")
+    for entry in entries:
+        entry.unlink()
+
+
 def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str = "bfloat16",
-                      tokenizer: Optional[str | Path] = None) -> Path:
-    """Write a checkpoint as a Hugging Face directory with its tokenizer; returns out_dir."""
+                      tokenizer: Optional[str | Path] = None, overwrite: bool = False) -> Path:
+    """Write a checkpoint as a Hugging Face directory with its tokenizer; returns out_dir.
+
+    `out_dir` must be new or empty; `overwrite` empties it first (`empty_export_directory`)."""
     from data.hf_tokenizer import to_transformers
     from models.hf import export_hf
 
     checkpoint = Path(checkpoint)
     trainer_state = read_trainer_state(checkpoint)
     ours = checkpoint_tokenizer(trainer_state, tokenizer, where=f"checkpoint {checkpoint}")
+    empty_export_directory(out_dir, overwrite)  # before the slow part: a refusal comes at once
     model = load_checkpoint_model(checkpoint)
     return export_hf(model, out_dir, dtype=_dtype(dtype), tokenizer=to_transformers(ours))
 

@@ -2,15 +2,19 @@
 
 Continued pretraining: the directory's weights, a fresh optimizer, schedule and data order.
 
-- Architecture: config.json decides it (`models.hf.read_hf_model_config`); the composed
+- Architecture: config.json decides it (`models.hf.read_hf_model_config`), after its
+  `model_type` is checked to be NemotronH's (a Llama or Mixtral directory is named as such,
+  not read as a NemotronH with default fields); the composed
   `model` config keeps only its kernel choices (`ssd_backend`, `gated_norm_backend`,
   `conv_backend`). Fields that change are printed, so a config that meant another model is
   visible. `time_step_clamp_min` becomes transformers' `time_step_min`, as in `import_hf`: the
   model computes what transformers computes from this directory.
 - Weights: loaded after the model is parallelized, through torch's distributed state-dict API
   (`set_model_state_dict` with a full state dict): works for a plain module and for FSDP2
-  shards alike, names checked strictly (precision conversion keeps nn.Linear's names). Under
-  several ranks only rank 0 reads the files and broadcasts.
+  shards alike. The names are compared first: a weight the model has and the directory lacks
+  (it would keep its random init) or one the directory has and the model lacks stops the run,
+  naming them (`set_model_state_dict` does not report missing names for a full state dict).
+  Under several ranks only rank 0 reads the files and broadcasts.
 - A resumed checkpoint wins: the HF weights are only the starting point of a fresh run.
 """
 
@@ -25,10 +29,33 @@ KEPT_FIELDS = ("ssd_backend", "gated_norm_backend", "conv_backend")
 """ModelConfig fields the run's own config keeps (they choose kernels, not the architecture)."""
 
 
+NEMOTRON_H_MODEL_TYPE = "nemotron_h"
+
+
+def check_model_type(path: Path) -> None:
+    """ValueError naming the architecture when config.json is not a NemotronH's (read as JSON, nothing run)."""
+    import json
+
+    file = path / "config.json"
+    if not file.is_file():
+        return  # read_hf_model_config names the missing file
+    try:
+        config = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"checkpoint.init_from_hf: cannot parse {file}: {error}") from error
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type != NEMOTRON_H_MODEL_TYPE:
+        raise ValueError(
+            f"checkpoint.init_from_hf={path}: {file} describes a {model_type!r} model (architectures "
+            f"{config.get('architectures') if isinstance(config, dict) else None}), not NemotronH (model_type "
+            f"{NEMOTRON_H_MODEL_TYPE!r}, NemotronHForCausalLM), the only architecture this trainer builds")
+
+
 def adopt_hf_architecture(model_cfg, path: str):
     """(the ModelConfig to build for checkpoint.init_from_hf=path, {field: (was, now)} that changed)."""
     from models.hf import read_hf_model_config
 
+    check_model_type(Path(path).expanduser())
     adopted = read_hf_model_config(Path(path).expanduser())
     adopted = dataclasses.replace(adopted, **{name: getattr(model_cfg, name) for name in KEPT_FIELDS})
     changed = {
@@ -41,15 +68,35 @@ def adopt_hf_architecture(model_cfg, path: str):
 
 def load_hf_weights(model: torch.nn.Module, path: str, env) -> int:
     """Copy the directory's weights into `model` (plain or FSDP2-sharded); returns the tensor count."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
     from models.hf import read_hf_state_dict
+    from trainer.distributed import broadcast_object
 
     path = Path(path).expanduser()
     broadcast = env.distributed
     state = read_hf_state_dict(path) if (env.is_main or not broadcast) else {}
     count = len(state)
-    # strict: a weight the model lacks, or one it has that the directory lacks, is an error naming it
+    # Extra state (Transformer Engine's) is not a weight; names as the state-dict API sees them (no wrappers)
+    wanted = [name for name in get_model_state_dict(model) if not name.endswith("_extra_state")]
+    problem = broadcast_object(weight_name_differences(path, wanted, list(state)) if env.is_main else None)
+    if problem:
+        raise ValueError(problem)
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True,
                                                                 broadcast_from_rank0=broadcast))
     return count
+
+
+def weight_name_differences(path: Path, wanted: list, found: list, shown: int = 8) -> str | None:
+    """A message naming the weights the model has and the directory lacks, and the reverse; None if equal."""
+    missing, unexpected = sorted(set(wanted) - set(found)), sorted(set(found) - set(wanted))
+    if not missing and not unexpected:
+        return None
+    parts = []
+    for names, what in ((missing, "missing from the directory (they would keep their random init)"),
+                        (unexpected, "in the directory but not in the model")):
+        if names:
+            parts.append(f"{len(names)} {what}: {', '.join(names[:shown])}{', ...' if len(names) > shown else ''}")
+    return (f"checkpoint.init_from_hf={path}: its weights do not match the model built from its config.json: "
+            f"{'; '.join(parts)} (our names; on disk they carry the prefix 'backbone.' or 'model.'). Nothing was "
+            "loaded")

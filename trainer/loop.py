@@ -31,7 +31,7 @@ from trainer.callbacks import (
     TrainState,
     call,
 )
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint import Checkpointer, read_trainer_state
 from trainer.components import (
     BatchSkipper,
     CheckpointedState,
@@ -50,7 +50,7 @@ from trainer.distributed import (
     parallelize,
     shutdown,
 )
-from trainer.guards import OOM_ADVICE, NonFiniteHalt, PreemptionFlag, StepGuard
+from trainer.guards import OOM_ADVICE, NonFiniteHalt, PreemptionFlag, StepGuard, stop_after_failure
 from trainer.hardware import bf16_peak_flops
 from trainer.heartbeat import raise_if_collective_timeout
 from trainer.hf_init import adopt_hf_architecture, load_hf_weights
@@ -58,7 +58,9 @@ from trainer.metrics import MetricsLogger
 from trainer.optim import build_optimizer, lr_at, set_lr
 from trainer.preflight import PlanCheck, preflight
 from trainer.quant_report import QuantDiagnostics
+from trainer.resume_changes import check_steps_left, resume_events, start_record_names
 from trainer.run_info import write_run_description
+from trainer.run_lock import DEFAULT_RUN_DIR, hold_run_directory
 from trainer.validate import ConfigError, check_data_requirement, validate_train_config
 
 __all__ = ["Callback", "StepContext", "TrainState", "build_model_on", "evaluate", "train", "train_step"]
@@ -71,7 +73,8 @@ def train(cfg: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict:
     check_data_requirement(cfg)
     env = init_distributed(cfg.parallel)
     try:
-        return _train(cfg, env, list(callbacks), run_plan)
+        with hold_run_directory(cfg.run_dir or DEFAULT_RUN_DIR, cfg.checkpoint.dir, env):  # one trainer per run
+            return _train(cfg, env, list(callbacks), run_plan)
     finally:
         shutdown()
 
@@ -81,7 +84,7 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
     from models.flops import flops_per_token
     from models.quant.recipe import apply_precision
 
-    run_dir = Path(broadcast_object(cfg.run_dir or "outputs/run"))
+    run_dir = Path(broadcast_object(cfg.run_dir or DEFAULT_RUN_DIR))
     if env.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -116,13 +119,15 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
         nested={"data": loader, "guard": guard, "precision": precision, "log_window": log_window},
         records={"seed": cfg.seed,
                  "model_config": dataclasses.asdict(cfg.model),  # lets scripts/export_hf.py rebuild the model
-                 "tokenizer": tokenizer.record})  # and export the tokenizer it was trained with (path, sha256)
+                 "tokenizer": tokenizer.record,  # and export the tokenizer it was trained with (path, sha256)
+                 "corpus": loader.corpus_identity(), "config": dataclasses.asdict(cfg)})  # compared on resume
     checkpointer = Checkpointer(cfg.checkpoint, run_dir, env, model_config=cfg.model, precision_backend=plan.backend)
     checkpointer.track(model, optimizer, trainer_state)
     resume_from = checkpointer.select_resume()  # verified (checksums) before anything of it is read
     saved = {}
     if resume_from is not None:
-        saved = checkpointer.load(resume_from, model, optimizer)  # compares the model first
+        check_steps_left(read_trainer_state(resume_from)["step"], cfg.train.steps, resume_from, env.is_main)
+        saved = checkpointer.load(resume_from, model, optimizer)  # compares model, tokenizer and corpus first
         trainer_state.load_state_dict(saved)
     elif cfg.checkpoint.init_from_hf:  # weights only: optimizer, schedule and data start fresh
         load_hf_weights(model, cfg.checkpoint.init_from_hf, env)
@@ -184,8 +189,10 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
             if checkpointer.maybe_save(state.step, last=is_last):  # checkpoint.every
                 logger.event(state.step, "checkpoint", tokens=state.tokens)
             call(callbacks, "on_step_boundary", ctx)
-            if preemption.requested():  # collective: every rank stops at the same step
+            if preemption.requested(logger.write_failure):  # collective: every rank stops at the same step
                 step_log.flush_partial(state.step)
+                if preemption.failure:  # the log cannot be written: checkpoint attempt, then RunStopped
+                    stop_after_failure(checkpointer, state.step, preemption.failure)
                 checkpointer.save_now(state.step)
                 logger.event(state.step, "preempted", signal=preemption.signal_name or "peer rank")
                 status = "preempted"
@@ -244,7 +251,7 @@ def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer,
     (run_dir / "precision_plan.txt").write_text(plan_text + "\n")
     run_plan = config_extra["run_plan"].as_dict() if config_extra["run_plan"] is not None else None
     write_run_description(cfg, run_dir, world_size=env.world_size, device=env.device, tokenizer=tokenizer.record,
-                          plan=run_plan)
+                          plan=run_plan, names=start_record_names(run_dir, state.step))  # each start's own
     logger.log_config_extra({"precision_plan": plan.summary(), "parallel_applied": applied, "run_plan": run_plan,
                              "gradient_accumulation": config_extra["accumulation"],
                              "tokens_per_step": config_extra["tokens_per_step"]})
@@ -255,6 +262,8 @@ def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer,
         if "model_changes" in saved:  # checkpoint.allow_model_change
             logger.event(state.step, "model_changed_on_resume", changes=saved["model_changes"],
                          **saved["model_load"])
+        for name, fields in resume_events(saved, cfg, env.world_size):  # tokenizer, data, config, world size
+            logger.event(state.step, name, **fields)
     elif cfg.checkpoint.init_from_hf:
         logger.event(state.step, "init_from_hf", path=str(cfg.checkpoint.init_from_hf))
 

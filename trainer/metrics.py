@@ -9,12 +9,18 @@ W&B                        the same metrics (x-axis `tokens` available): trainin
                            one group (trainer/wandb_report.py), with the full resolved config.
                            Offline by default; any failure of wandb (import, init, network) is
                            reported once and reporting goes on without it: W&B never stops a run.
+
+A failed write to metrics.jsonl or events.jsonl (disk full, quota) is different: the run would
+go on without a record of its losses. The logger stops writing and keeps the reason, naming the
+file, in `write_failure`; the loop reads it at the next step boundary and stops every rank after
+a checkpoint attempt (trainer/guards.py: `stop_after_failure`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import uuid
 import warnings
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.config import TrainConfig
+from trainer.oserrors import explain_write_failure
 from trainer.wandb_report import comparison_group
 
 W_AND_B_KEYS = {"tokens": "tokens", "val_loss": "val/loss"}
@@ -41,6 +48,7 @@ class MetricsLogger:
     def __init__(self, cfg: TrainConfig, run_dir: Path, is_main: bool, total_steps: int, start_step: int = 0):
         self.is_main = is_main
         self.run_dir = Path(run_dir)
+        self.write_failure: Optional[str] = None  # why a log file could not be written (then none is)
         self._wandb = None
         self._bar = None
         if not is_main:
@@ -59,7 +67,7 @@ class MetricsLogger:
         if not self.is_main:
             return
         line = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
-        self._metrics.write(json.dumps(line) + "\n")
+        self._write(self._metrics, json.dumps(line) + "\n")
         if self._wandb is not None:
             try:
                 self._wandb.log({W_AND_B_KEYS.get(k, f"train/{k}"): v for k, v in metrics.items()
@@ -73,6 +81,16 @@ class MetricsLogger:
             if metrics.get("mfu") is not None:
                 postfix["mfu"] = f"{100 * metrics['mfu']:.1f}%"
             self._bar.set_postfix(postfix, refresh=False)
+
+    def _write(self, handle, text: str) -> None:
+        """One whole line (line-buffered: one write each); after a failure nothing more is written."""
+        if self.write_failure is not None:
+            return
+        try:
+            handle.write(text)
+        except OSError as error:
+            self.write_failure = f"the run's log cannot be written: {explain_write_failure(error, Path(handle.name))}"
+            print(f"error: {self.write_failure}; stopping at the end of this step", file=sys.stderr, flush=True)
 
     @property
     def wandb_active(self) -> bool:
@@ -96,7 +114,7 @@ class MetricsLogger:
         if not self.is_main:
             return
         line = {"step": step, "event": name, "time": time.time(), **{k: _jsonable(v) for k, v in fields.items()}}
-        self._events.write(json.dumps(line) + "\n")
+        self._write(self._events, json.dumps(line) + "\n")
         message = f"[step {step}] {name}: " + ", ".join(f"{k}={v}" for k, v in fields.items())
         if self._bar is not None:
             self._bar.write(message)
@@ -135,8 +153,11 @@ class MetricsLogger:
             return
         if self._bar is not None:
             self._bar.close()
-        self._metrics.close()
-        self._events.close()
+        for handle in (self._metrics, self._events):
+            try:
+                handle.close()
+            except OSError:  # the buffered rest of a failed line: write_failure says so already
+                pass
         if self._wandb is not None:
             try:
                 self._wandb.finish()

@@ -11,8 +11,10 @@
                             throughput; null with train.preflight=false). (Not run.json: the study
                             runner, scripts/run_study.py, keeps its own record of a run under that name.)
 
-`precision_plan.txt` (loop.py) completes the picture. A restart with the same run_dir rewrites
-both files (events.jsonl records each resume), so they describe the latest start.
+`precision_plan.txt` (loop.py) completes the picture. A restart with the same run_dir keeps
+both files and writes its own beside them, config.resume-<step>.yaml and
+run_info.resume-<step>.json (trainer/resume_changes.py: `start_record_names`); events.jsonl
+records each resume and what changed.
 """
 
 from __future__ import annotations
@@ -96,9 +98,9 @@ def config_yaml(cfg) -> str:
 
 
 def write_run_description(cfg, run_dir: Path, *, world_size: int, device, tokenizer: Optional[dict] = None,
-                          plan: Optional[dict] = None) -> None:
-    """Write config.yaml and run_info.json into `run_dir` (rank 0 only)."""
+                          plan: Optional[dict] = None, names: tuple = ("config.yaml", "run_info.json")) -> None:
+    """Write the config and the run description into `run_dir` under `names` (rank 0 only)."""
     run_dir = Path(run_dir)
-    (run_dir / "config.yaml").write_text(config_yaml(cfg))
+    (run_dir / names[0]).write_text(config_yaml(cfg))
     description = describe_run(cfg, world_size=world_size, device=device, tokenizer=tokenizer, plan=plan)
-    (run_dir / "run_info.json").write_text(json.dumps(description, indent=1) + "\n")
+    (run_dir / names[1]).write_text(json.dumps(description, indent=1) + "\n")

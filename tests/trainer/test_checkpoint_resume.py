@@ -64,6 +64,8 @@ def test_two_process_fsdp_kill_resume_bitwise_and_reshard_to_one(tmp_path, data_
     assert sorted(continued) == [5, 6]
     for step in (5, 6):
         assert continued[step] == pytest.approx(expected[step], rel=2e-3)
+    changed = [e for e in read_jsonl(tmp_path / "single" / "events.jsonl") if e["event"] == "config_changed_on_resume"]
+    assert len(changed) == 1 and changed[0]["changes"]["world_size"] == [2, 1]  # an allowed change, recorded
 
 
 def test_sigterm_saves_and_exits_cleanly(tmp_path, data_cache):
