@@ -14,7 +14,7 @@ Sources (datasheets, dense figures; sparse figures are 2x these):
 - B300 (HGX B300, per GPU) / GB300 (per GPU in GB300 NVL72), Blackwell Ultra: the FP4 rate
   grows 1.5x over Blackwell (B300 13.5 PF, GB300 15 PF dense NVFP4) while BF16 and FP8 stay at
   Blackwell's (B300 2.25 / 4.5 PF, GB300 2.5 / 5 PF); HBM3e 8 TB/s.
-Measured ceilings on our H200 (DESIGN.md): BF16 GEMM 660-820 TF at 12B shapes, FP8 blockwise 1282.
+Measured ceilings on an H200 (docs/performance.md): BF16 GEMM 660-820 TF at 12B shapes, FP8 blockwise 1282.
 """
 
 from __future__ import annotations
