@@ -7,7 +7,7 @@ assembled by the ptxas that ships with Triton: registers per thread, spilled byt
 instructions, SASS instructions and block-wide barriers. The kernels are issue-bound, so the SASS
 count is a fair first proxy for their speed; barriers beyond a reduction's mean layout conversions
 through shared memory; a spill is a red flag: with Triton 3.6 (the GPU machine's) the 2D kernel once compiled to 255 registers and spilled,
-and ran 6-7x slower (docs/performance.md, run Y); this tool reproduces that offline.
+and ran 6-7x slower (docs/numerics.md); this tool reproduces that offline.
 """
 
 from __future__ import annotations
