@@ -85,10 +85,13 @@ def test_the_value_is_the_number_right_before_its_marker():
 
 
 def test_study_values_survive_a_table_that_gains_confidence_intervals():
-    plain = ("<!-- study-table:begin -->\n| run | final val loss | gap to BF16 | beyond seed noise |\n|---|---|---|---|\n"
-             "| bf16 | 1.6812 | +0.00% | (reference) |\n| nvfp4 | 1.7063 | +1.49% | yes |\n<!-- study-table:end -->\n")
-    with_ci = ("<!-- study-table:begin -->\n| run | seeds | final val loss, mean (95% CI) | gap to BF16, mean (95% CI) |\n"
-               "|---|---|---|---|\n| `nvfp4` | 3 | 1.7063 (1.7001, 1.7125) | +1.49% (+1.21%, +1.77%) |\n"
+    plain = ("<!-- study-table:begin -->\n"
+             "| run | final val loss | gap to BF16 | beyond seed noise |\n|---|---|---|---|\n"
+             "| bf16 | 1.6812 | +0.00% | (reference) |\n| nvfp4 | 1.7063 | +1.49% | yes |\n"
+             "<!-- study-table:end -->\n")
+    with_ci = ("<!-- study-table:begin -->\n"
+               "| run | seeds | final val loss, mean (95% CI) | gap to BF16, mean (95% CI) |\n|---|---|---|---|\n"
+               "| `nvfp4` | 3 | 1.7063 (1.7001, 1.7125) | +1.49% (+1.21%, +1.77%) |\n"
                "<!-- study-table:end -->\n")
     assert study_table_value(plain, "nvfp4", "gap to BF16") == 1.49
     assert study_table_value(with_ci, "nvfp4", "gap to bf16") == 1.49

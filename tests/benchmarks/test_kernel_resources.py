@@ -2,7 +2,7 @@
 on the CPU (benchmarks/kernel_resources.py: Triton compiles, its bundled ptxas assembles).
 
 Once before, a change that made the kernels faster made the 2D one spill under Triton 3.6 (255
-registers, 6-7x slower on the GPU, docs/performance.md run Y) while Triton 3.7 compiled it fine.
+registers, 6-7x slower on the GPU, docs/numerics.md) while Triton 3.7 compiled it fine.
 So the check runs with the installed Triton and, where CI provides it (TRITON_GPU_MACHINE_PATH, a
 directory holding the GPU machine's Triton), with that one in a subprocess.
 """
