@@ -36,8 +36,11 @@ RULES = {
         rf"\b(?:{_ORDINALS}|this|that|the|next|previous|last|earlier|later|same)\s+sessions?\b(?:'s)?",
         re.IGNORECASE),
     # "issue 10", "issue-16 refactor", "issues 5 and 9", "issue17-combo", "#12"; not "instruction
-    # issue", "issue-bound", an upstream "pytorch/pytorch#189271" or a colour "#000000" in quotes.
-    "issue number": re.compile(r"\bissues?[ -]?#?\d+|(?<![\w/\"'#&])#\d+\b", re.IGNORECASE),
+    # issue", "issue-bound", the verb ("can issue 2 loads"), an upstream "pytorch/pytorch#189271"
+    # or a colour "#000000" in quotes.
+    "issue number": re.compile(
+        r"\bissues?[ -]?#?\d+(?!\d|\.\d|\s+(?:instructions?|loads?|stores?|requests?|warps?|cycles?|launches)\b)"
+        r"|(?<![\w/\"'#&])#\d+\b", re.IGNORECASE),
     # "run AK", "Run A", "runs Z and AA", "(runs AA, AB)"; not "runs FP8", "run A/B tests", "runs CI".
     "run letter": re.compile(r"\b[Rr]uns? (?!(?:CI|OK|IO|UI|ID)\b)[A-Z]{1,2}(?![\w/])"),
     # branch `issue17-combo`, "(branch)", "left unmerged", "merged since"; not the code sense of a
@@ -63,9 +66,10 @@ EXAMPLES = {
          "the W&B run's session id"]),
     "issue number": (
         ["are still to be made (issue 10)", "after the issue-16 refactor", "FP8 linear layer (issues 5 and 9)",
-         "branch `issue17-combo`", "Issue 9 quotes 93.9 TFLOP", "see #12", "(#7)"],
+         "branch `issue17-combo`", "Issue 9 quotes 93.9 TFLOP", "see #12", "(#7)", "as asked in issue 9."],
         ["bound by instruction issue, not HBM", "issue-bound kernels", "pytorch/pytorch#189271",
-         "color='#000000'", "an issue with the input", "&#8203;", "x = y  # 16 x 16 tiles"]),
+         "color='#000000'", "an issue with the input", "&#8203;", "x = y  # 16 x 16 tiles",
+         "a warp can issue 2 instructions per cycle", "threads issue 4 loads in flight"]),
     "run letter": (
         ["(run AK)", "**Run A**, code at commit", "runs Z and AA", "default launches (runs AA, AB)",
          "run Y: the 2D kernel both ways", "in run X"],
