@@ -3,7 +3,7 @@
 `compare_runs(specs, ...)` reads the runs, compares each with the first, prints the table, draws
 the figure and returns the numbers (scripts/compare_runs.py is its command line).
 
-The first run (A) is the reference; every other run B is compared with it. Each RUN is
+The first run is the reference; every other run is compared with it. Each RUN is
   - a run directory holding ``metrics.jsonl`` (what the trainer writes), or a ``metrics.jsonl`` path;
   - else a directory with a W&B history file, ``wandb/run-*/files/wandb-history.jsonl`` or
     ``files/wandb-history.jsonl`` (keys ``tokens``, ``train/loss``, ``train/lr``, ``val/loss``).
@@ -259,7 +259,7 @@ def smoothing_for(metric: str, smoothing: str) -> str:
 
 @dataclass
 class Phases:
-    """Token ranges of the schedule of run A: stable [stable_start, decay_start], decay (decay_start, end]."""
+    """Token ranges of the reference run's schedule: stable [stable_start, decay_start], decay (decay_start, end]."""
 
     stable_start: float
     decay_start: Optional[float]

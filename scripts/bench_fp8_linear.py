@@ -1,6 +1,6 @@
 """Benchmark one linear layer, forward + backward, in BF16 and FP8 on the present GPU.
 
-    source .whl/setup.sh && python scripts/bench_fp8_linear.py --out bench_fp8_linear.json
+    python scripts/bench_fp8_linear.py --out bench_fp8_linear.json
     python scripts/bench_fp8_linear.py --tokens 8192 --shapes 5120x20480,20480x5120 --iters 30
 
 For each shape (in_features x out_features) at ``--tokens`` bf16 tokens, side by side in one run:

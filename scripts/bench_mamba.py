@@ -10,9 +10,9 @@ installed: its fallback is nn.Conv1d), imported without the package's compiled e
 (models.kernels.mamba_ssm_triton). Ours runs its defaults on CUDA: Triton SSD and gated norm
 from mamba_ssm, the torch.compile'd causal conv; ``--variants`` adds others.
 
-    source .whl/setup.sh && python scripts/bench_mamba.py --out bench_mamba.json
+    python scripts/bench_mamba.py --out bench_mamba.json
 
-Target (issue 4): ours <= 0.8 x theirs (theirs measured 22.7 ms on H200).
+Target: ours <= 0.8 x theirs (theirs measured 22.7 ms on an H200; docs/performance.md).
 The modules, their set-up and the timing: benchmarks/mamba.py.
 """
 

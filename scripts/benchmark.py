@@ -5,7 +5,7 @@ micro-batch 1 (2.54B parameters; configs/model/slice_12b.yaml). For each precisi
 is built exactly as the trainer builds it (build_model_on -> apply_precision -> parallelize)
 and timed with CUDA events after warm-up:
 
-  fwd+bwd    forward, loss, backward (the quantity Megatron-Core's 196.8 ms BF16 refers to)
+  fwd+bwd    forward, loss, backward (the quantity Megatron-Core's BF16 time in docs/performance.md refers to)
   step       the trainer's step (fwd+bwd + gradient clipping) + fused AdamW (a full optimizer step)
 
 Printed: ms, tokens/s, MFU (models.flops hybrid formula over the 989 TFLOP/s BF16 peak), peak
@@ -13,7 +13,7 @@ memory and the ratio to BF16; then a per-component breakdown of one profiled fwd
 (projections, SSD, conv, norms, attention, quantization, loss, other) from the PyTorch
 profiler's CUDA kernel times. JSON to --out. The work: benchmarks/step.py.
 
-    source .whl/setup.sh && python scripts/benchmark.py --out $OUT/benchmark.json
+    python scripts/benchmark.py --out benchmark.json
     python scripts/benchmark.py --precisions bf16,fp8 --compile --activation-checkpoint none
 """
 

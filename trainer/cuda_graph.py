@@ -4,8 +4,8 @@ Why: a small model (the study model at micro-batch 32 x 1024 tokens) is host-bou
 launches ~800 kernels in BF16 and ~1,400 in emulated NVFP4, and Python, the dispatcher and the
 launches take longer than the GPU does (docs/performance.md: the GPU idles 61 of 80 ms in BF16).
 Replaying a graph launches the recorded kernels with no host work per kernel: on the H200 the
-study model's full training step went from 72.9 to 20.7 ms in BF16 and from 98.0 to 35.1 ms in
-NVFP4 (run N).
+study model's full training step takes 20.7 instead of 72.9 ms in BF16 and 35.1 instead of
+98.0 ms in NVFP4.
 
 What a replay does and does not do. A replay re-runs the recorded kernels on the same memory,
 reading whatever those tensors hold now; no Python runs. So:

@@ -1,6 +1,6 @@
 """The training loop. `train(cfg)` builds everything, then runs the steps, top to bottom.
 
-Order of construction (DESIGN.md): model on the meta device -> materialize and init from the
+Order of construction (docs/ARCHITECTURE.md): model on the meta device -> materialize and init from the
 seed -> precision conversion -> activation checkpointing -> compile -> FSDP2 -> optimizer ->
 data -> resume. Each step is one sequence of calls in `_train`: the forward and backward are
 `train_step`; every side effect is a component that owns its timing (trainer/components.py:

@@ -20,7 +20,7 @@ TOKENS = 8192
 
 
 def test_12b_config_file_matches_design():
-    """The report runs on configs/model/hybrid_12b.yaml: it must carry DESIGN.md's dims."""
+    """The report runs on configs/model/hybrid_12b.yaml: it must carry the released model's dims."""
     if not (REPOSITORY / "configs" / "model" / "hybrid_12b.yaml").exists():
         pytest.fail("configs/model/hybrid_12b.yaml is missing")
     loaded, expected = load_model_config("hybrid_12b"), config_12b()
@@ -38,7 +38,7 @@ def test_12b_lists_every_block_with_hand_computed_shapes():
 
     in_proj_width = 2 * 10240 + 2 * 8 * 128 + 128
     assert in_proj_width == 22656
-    expected_linear = {  # (in, out) per linear, hand-written from DESIGN.md's table
+    expected_linear = {  # (in, out) per linear, hand-written from the released config's dims
         "M": {"in_proj": (5120, in_proj_width), "out_proj": (128 * 80, 5120)},
         "*": {"q_proj": (5120, 40 * 128), "k_proj": (5120, 8 * 128), "v_proj": (5120, 8 * 128), "o_proj": (40 * 128, 5120)},
         "-": {"up_proj": (5120, 20480), "down_proj": (20480, 5120)},

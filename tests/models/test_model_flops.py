@@ -29,7 +29,7 @@ def test_count_matches_built_model_odd_dims():
 
 def test_released_parameter_counts():
     # Nemotron-Nano-12B-v2(-Base) model card: 12.31B; Nemotron-H-8B-Base-8K: 8B (8.1B);
-    # issue 9: the 12B-shaped slice has 2.54B.
+    # the 12B-shaped slice (configs/model/slice_12b.yaml) has 2.54B.
     assert count_parameters(load_model_config("hybrid_12b")) == 12_310_001_152
     assert round(count_parameters(load_model_config("hybrid_12b")) / 1e9, 2) == 12.31
     assert round(count_parameters(load_model_config("hybrid_8b")) / 1e9, 2) == 8.10
@@ -64,7 +64,7 @@ def test_flops_match_megatron_formula(name, seq):
 
 
 def test_slice_flops_per_step():
-    """Issue 9 quotes 93.9 TFLOP per 8192-token step for the slice; Megatron's formula with its
+    """Megatron-Core's slice time is quoted with 93.9 TFLOP per 8192-token step; Megatron's formula with its
     scan term gives 94.58, and 93.90 without it (the scan term is 0.68 TFLOP)."""
     cfg = load_model_config("slice_12b")
     terms = {k: v * 8192 / 1e12 for k, v in flops_breakdown(cfg, 8192).items()}

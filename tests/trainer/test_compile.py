@@ -97,9 +97,8 @@ def test_quantized_linears_compile_into_the_block_graphs(overrides):
     - with autocast switched off only around the function, its backward was traced under the
       forward's autocast, and the fp32 GEMMs of the emulation ran in bf16: the gradients differ.
 
-    Stochastic rounding is off here so that eager and compiled draw nothing. With the trainer's
-    per-layer torch.Generator (``set_step``) Dynamo still breaks at each quantized linear: it
-    cannot pass a Generator into a graph (docs/performance.md, what next).
+    Stochastic rounding is off here so that eager and compiled draw nothing (the GPU test
+    ``test_quant_linear_compiled_with_inductor_matches_eager`` compiles it, seed tensor included).
     """
     from torch._dynamo.utils import counters
 

@@ -25,7 +25,7 @@ per-tensor scale (NVFP4, per-tensor FP8: an amax pass before the cast), r = 1 ot
 quantized once per micro-batch (with gradient accumulation TE caches it: W's cost shrinks); no
 overlap between GEMMs. Attention BMMs stay BF16 and are modelled compute-bound (flash attention keeps
 the s x s scores on chip). Nothing here knows about kernel efficiency: measured BF16 GEMMs on H200
-reach 660-820 of 989 TFLOP/s (DESIGN.md), so read the numbers as ratios of ideal times.
+reach 660-820 of 989 TFLOP/s (docs/performance.md), so read the numbers as ratios of ideal times.
 
 Format bytes per element (elements + block scales): BF16 2; FP8 (the paper's baseline, E4M3 with
 fp32 scales per 1x128 activation/gradient block and per 128x128 weight tile) 1 + 4/128 (weights
