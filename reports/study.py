@@ -183,7 +183,7 @@ def provenance(results: StudyResults, size: str) -> str:
     code = "; ".join(f"`{commit}` ({', '.join(a for a in results.study.arms if a in arms)})"
                      for commit, arms in commits.items())
     corpus = "; ".join(f"`{digest[:16]}`" for digest in corpora)
-    return f"Code: {code}. Corpus manifest sha256: {corpus}."
+    return f"Provenance: code {code}; corpus manifest sha256 {corpus}."
 
 
 def _corpus_tokens(results: StudyResults, size: str) -> Optional[int]:

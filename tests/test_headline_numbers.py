@@ -6,8 +6,8 @@ marker; a sign, thousands commas, a unit (x, %, ms, GiB, us, s) and Markdown bol
 it: `**1.07x**<!-- headline: slice.nvfp4_vs_bf16 -->` reads 1.07. NAME says where the number
 comes from:
 
-- `study:ROW:COLUMN`: docs/study.md's results table, between `<!-- study-table:begin -->` and
-  `<!-- study-table:end -->` (scripts/study_report.py regenerates it): the row whose first cell
+- `study:ROW:COLUMN`: docs/study.md's results table, between `<!-- study-9m-arms:begin -->` and
+  `<!-- study-9m-arms:end -->` (scripts/study_report.py regenerates it): the row whose first cell
   is ROW (backticks and bold ignored), the first column whose header contains COLUMN (case
   ignored), the first number in that cell. So a cell that gains a confidence interval,
   `+1.49% (+1.21, +1.77)`, still reads +1.49; a renamed row or column fails here, naming it.
@@ -58,9 +58,9 @@ def headline_values(text: str, where: str) -> list:
 
 def study_table_value(text: str, row: str, column: str) -> float:
     """The first number of docs/study.md's results table at (row named ROW, column whose header holds COLUMN)."""
-    table = re.search(r"<!-- study-table:begin -->\n(.*?)<!-- study-table:end -->", text, re.S)
-    assert table, "docs/study.md has no <!-- study-table:begin --> ... <!-- study-table:end --> table"
-    lines = [line for line in table.group(1).splitlines() if line.startswith("|")]
+    table = re.search(r"<!-- study-(\w+)-arms:begin -->\n(.*?)<!-- study-\1-arms:end -->", text, re.S)
+    assert table, "docs/study.md has no <!-- study-SIZE-arms:begin --> ... <!-- study-SIZE-arms:end --> table"
+    lines = [line for line in table.group(2).splitlines() if line.startswith("|")]
     cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
     header, rows = cells[0], [c for c in cells[2:]]
     columns = [i for i, name in enumerate(header) if column.lower() in name.lower()]
@@ -85,14 +85,14 @@ def test_the_value_is_the_number_right_before_its_marker():
 
 
 def test_study_values_survive_a_table_that_gains_confidence_intervals():
-    plain = ("<!-- study-table:begin -->\n"
+    plain = ("<!-- study-9m-arms:begin -->\n"
              "| run | final val loss | gap to BF16 | beyond seed noise |\n|---|---|---|---|\n"
              "| bf16 | 1.6812 | +0.00% | (reference) |\n| nvfp4 | 1.7063 | +1.49% | yes |\n"
-             "<!-- study-table:end -->\n")
-    with_ci = ("<!-- study-table:begin -->\n"
+             "<!-- study-9m-arms:end -->\n")
+    with_ci = ("<!-- study-9m-arms:begin -->\n"
                "| run | seeds | final val loss, mean (95% CI) | gap to BF16, mean (95% CI) |\n|---|---|---|---|\n"
                "| `nvfp4` | 3 | 1.7063 (1.7001, 1.7125) | +1.49% (+1.21%, +1.77%) |\n"
-               "<!-- study-table:end -->\n")
+               "<!-- study-9m-arms:end -->\n")
     assert study_table_value(plain, "nvfp4", "gap to BF16") == 1.49
     assert study_table_value(with_ci, "nvfp4", "gap to bf16") == 1.49
     assert study_table_value(with_ci, "nvfp4", "final val loss") == 1.7063

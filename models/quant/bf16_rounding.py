@@ -9,7 +9,7 @@ overflows and to Inf past bf16's largest finite value, as torch's cast (the Trit
 
 Why not the cast itself: when Inductor fuses ``x.to(bf16)`` into a consumer that computes in fp32 it
 may keep the fp32 value and drop the rounding (pytorch/pytorch#179561, fixed after torch 2.11; on
-the CPU too, #185337). A quantized GEMM's bf16 output and the RHT's bf16 output are rounded points
+the CPU too, pytorch/pytorch#185337). A quantized GEMM's bf16 output and the RHT's bf16 output are rounded points
 of the recipe, which a compiled model must keep to match eager and Transformer Engine; integer
 operations cannot be elided.
 """
