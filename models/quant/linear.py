@@ -185,6 +185,7 @@ def _quantize_operand(
             power_of_two_scales=spec.power_of_two_scales,
             name=name,
             dtype=values_dtype,
+            four_over_six=spec.four_over_six,
         )
     if not exact and decode is not None:
         values, decode = values.mul_(decode), None  # (q * s_b) * S_dec: the full fp32 dequantization
