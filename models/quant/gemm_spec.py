@@ -78,8 +78,9 @@ class OperandSpec:
         """Whether quantizing the transposed tensor gives the transposed result (square or no tiles, RNE).
 
         Four Over Six on a 16x16 tile is counted as such: its choice sums the tile's errors row by row, so
-        the transposed tile could choose the other candidate in a near-tie; the recipe quantizes W once
-        and both Fprop and Dgrad use that one W, so nothing ever quantizes the transpose."""
+        the transposed tile could choose the other candidate in a near-tie; the transposed operand is
+        therefore always the tensor quantized and then transposed (models.quant.linear, the kernels), as
+        TE quantizes W once for Fprop and Dgrad."""
         square = self.tile is None or self.tile[0] == self.tile[1]
         return square and self.rounding == "nearest" and not self.rht
 
