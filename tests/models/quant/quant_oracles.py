@@ -295,3 +295,39 @@ def four_over_six(x: np.ndarray, tile=(1, 16), error: str = "mse", uniform=None)
         "map_to_4": map_to_4[:, 0, :, 0],
         "errors": (candidates["4"][4][:, 0, :, 0], candidates["6"][4][:, 0, :, 0]),
     }
+
+
+def ue5m3_values() -> np.ndarray:
+    """The 255 finite UE5M3 values (float64, by code 0..254): code e m (e = code >> 3, m = code & 7) is
+    m * 2^-17 for e = 0, else 2^(e - 15) * (1 + m / 8); code 255 is NaN."""
+    codes = np.arange(255)
+    exponent, mantissa = codes >> 3, codes & 7
+    return np.where(exponent == 0, mantissa * 2.0**-17, 2.0 ** (exponent - 15.0) * (1 + mantissa / 8))
+
+
+def ue5m3_brute_force(values: np.ndarray) -> np.ndarray:
+    """UE5M3 RNE by search over every code: the nearest finite value (saturating), a tie to the even code."""
+    grid = ue5m3_values()
+    v = np.minimum(values.astype(np.float64).reshape(-1, 1), grid[-1])
+    distance = np.abs(v - grid[None, :])
+    nearest = distance == distance.min(axis=1, keepdims=True)
+    even = nearest & (np.arange(255) % 2 == 0)[None, :]
+    code = np.where(even.any(axis=1), even.argmax(axis=1), nearest.argmax(axis=1))
+    return grid[code].astype(F32).reshape(values.shape)
+
+
+def nvfp4_ue5m3(x: np.ndarray, tile=(1, 16)):
+    """nvfp4 with UE5M3 block scales: S_enc = 688128 / amax (114688 * 6), s_b = ue5m3(block_amax * (S_enc * (1/6)))."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        amax = F32(np.max(np.abs(x)))
+        encode = min(F32(F32(114688.0 * 6.0) / amax), FLT_MAX)
+        if amax == 0 or encode == 0:
+            encode = F32(1.0)
+        decode = F32(F32(1.0) / encode)
+        blocked = blocks(x, tile)
+        block_amax = np.max(np.abs(blocked), axis=(1, 3), keepdims=True).astype(F32)
+        scale = ue5m3_brute_force((block_amax * F32(encode * F32(1.0 / 6.0))).astype(F32))
+        reciprocal = np.minimum(F32(1.0) / (scale * decode), FLT_MAX).astype(F32)
+        q = e2m1_rne((blocked * reciprocal).astype(F32))
+    return {"scaled": (q * scale).astype(F32).reshape(x.shape), "s_b": scale[:, 0, :, 0], "decode": decode,
+            "codes": e2m1_codes((blocked * reciprocal).astype(F32)).reshape(x.shape)}
