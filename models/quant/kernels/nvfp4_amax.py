@@ -1,7 +1,7 @@
 """NVFP4's per-tensor scales: the amax passes that come before the quantize kernels (kernels.nvfp4).
 
-NVFP4 scales every tensor by S_enc = 2688 / max |x| (TE's order, ``tensor_scales`` below), so each
-quantize call first reads the whole operand:
+NVFP4 scales every tensor by S_enc = 2688 / max |x| (1536 / max |x| with Four Over Six; TE's order,
+``tensor_scales`` below), so each quantize call first reads the whole operand:
 - without the RHT, ``tensor_amax``: chunks of 16K elements (more beyond 2^26 elements) per program,
   one atomic max each into a zeroed fp32; the quantize kernels derive [S_enc, S_dec] from it
   themselves (no finalize launch);
