@@ -104,7 +104,7 @@ def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability
     return _compile(nvfp4._quantize_rows_kernel, signature, constexprs, warps, capability)
 
 
-def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capability: int):
+def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capability: int, four_over_six: int = 0):
     options = NVFP4_OPTIONS
     groups, block_c, warps = options.columns_stochastic if stochastic else options.columns
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
@@ -112,8 +112,18 @@ def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capabilit
                  "groups": "i32", "cols": "i32"}
     constexprs = dict(GROUPS=groups, BLOCK_C=block_c, RHT=rht,
                       ROUND_BF16=_bf16_rounding_constexpr(input_dtype, options.bf16_rounding),
-                      STOCHASTIC=stochastic, WRITE_CODES=False, SCALES_FROM_AMAX=not rht)
+                      STOCHASTIC=stochastic, WRITE_CODES=False, SCALES_FROM_AMAX=not rht, FOUR_OVER_SIX=four_over_six)
     return _compile(nvfp4._quantize_columns_kernel, signature, constexprs, warps, capability)
+
+
+def _rows_four_over_six_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int):
+    block_r, block_c, warps = NVFP4_OPTIONS.two_d_four_over_six if two_d else NVFP4_OPTIONS.rows_four_over_six
+    signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
+                 "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
+                 "rows": "i32", "cols": "i32"}
+    constexprs = dict(BLOCK_R=block_r, BLOCKS=block_c // 16, TWO_D=two_d, STOCHASTIC=stochastic,
+                      WRITE_CODES=False, FOUR_OVER_SIX=1)
+    return _compile(nvfp4._quantize_rows_four_over_six_kernel, signature, constexprs, warps, capability)
 
 
 def _amax_variant(input_dtype: str, *, rht: bool, capability: int, plain_amax: bool = False):
@@ -165,6 +175,16 @@ VARIANTS = {
     "columns 16x1 SR": lambda dtype, cc: _columns_variant(dtype, rht=False, stochastic=True, capability=cc),
     "columns 16x1 RHT RNE": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=False, capability=cc),
     "columns 16x1 RHT SR": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=True, capability=cc),
+    "4/6 rows 1x16 RNE": lambda dtype, cc: _rows_four_over_six_variant(dtype, two_d=False, stochastic=False,
+                                                                      capability=cc),
+    "4/6 rows 1x16 SR": lambda dtype, cc: _rows_four_over_six_variant(dtype, two_d=False, stochastic=True,
+                                                                     capability=cc),
+    "4/6 2D 16x16 RNE": lambda dtype, cc: _rows_four_over_six_variant(dtype, two_d=True, stochastic=False,
+                                                                     capability=cc),
+    "4/6 columns RHT RNE": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=False, capability=cc,
+                                                               four_over_six=1),
+    "4/6 columns RHT SR": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=True, capability=cc,
+                                                              four_over_six=1),
     "mx rows 1x32 RNE": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=False, capability=cc),
     "mx rows 1x32 SR": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=True, capability=cc),
     "mx rows 1x32 RNE, narrow": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=False, capability=cc, narrow=True),

@@ -46,6 +46,9 @@ PRECISIONS = {
     "fp8_lm_head": ["precision=fp8", "precision.backend=torch", "precision.quantize_lm_head=true"],
     "fp8_tensor": ["precision=fp8", "precision.format=fp8_tensor", "precision.backend=torch"],
     "nvfp4": ["precision=nvfp4", "precision.backend=emulated"],
+    # The study's Four Over Six arm: the NVFP4 recipe with every operand choosing its block scales.
+    "nvfp4_4over6": ["precision=nvfp4", "precision.format=nvfp4_4over6", "precision.name=nvfp4_4over6",
+                     "precision.backend=emulated"],
     "nvfp4_te": ["precision=nvfp4", "precision.backend=te"],
     "fp8_te": ["precision=fp8", "precision.backend=te"],
 }

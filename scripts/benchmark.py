@@ -15,6 +15,7 @@ profiler's CUDA kernel times. JSON to --out. The work: benchmarks/step.py.
 
     python scripts/benchmark.py --out benchmark.json
     python scripts/benchmark.py --precisions bf16,fp8 --compile --activation-checkpoint none
+    python scripts/benchmark.py --model study --precisions nvfp4,nvfp4_4over6 --compile   # the study's 4/6 arm
 """
 
 from __future__ import annotations

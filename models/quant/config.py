@@ -20,7 +20,8 @@ class PrecisionConfig:
     name: str = "bf16"
     """Label of this recipe (bf16, fp8, nvfp4, mxfp4, mxfp8)."""
     format: str = "bf16"
-    """Low-precision format of quantized GEMM operands: bf16 (none), nvfp4, mxfp4, mxfp8, fp8_block, fp8_tensor."""
+    """Low-precision format of quantized GEMM operands: bf16 (none), nvfp4, nvfp4_4over6, nvfp4_ue5m3, mxfp4,
+    mxfp8, fp8_block, fp8_tensor (models.quant.format_registry)."""
     backend: str = "auto"
     """Who runs the quantized GEMMs: auto, te (Transformer Engine), torch (torch._scaled_mm FP8), emulated."""
     bf16_layers_at_start: int = 0
@@ -46,6 +47,12 @@ class PrecisionConfig:
     """NVFP4: random Hadamard transform (16x16) on both Wgrad operands along the token dim."""
     gradient_stochastic_rounding: bool = True
     """NVFP4: stochastic rounding of dY (Dgrad and Wgrad); RNE everywhere else."""
+    four_over_six: List[str] = field(default_factory=list)
+    """NVFP4 Four Over Six (arXiv 2512.02010): the operand roles, of 'x' (Fprop X, Wgrad X^T), 'w' (W) and
+    'dy' (Dgrad dY, Wgrad dY^T), whose blocks each keep the lower-error of mapping their max to 4 or to 6.
+    Empty: off for nvfp4, all three for nvfp4_4over6; other formats take none."""
+    four_over_six_error: str = "mse"
+    """The error Four Over Six compares: 'mse' (sum of squared differences, the paper's default) or 'mae'."""
     fp8_power_of_two_scales: bool = True
     """fp8_block: constrain block scales to powers of two, as TE's Float8BlockScaling does."""
     switch_to_bf16_at_step: Optional[int] = None

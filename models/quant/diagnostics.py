@@ -68,6 +68,7 @@ DEFAULT_MAX_ELEMENTS = 1 << 20
 TOKEN_GROUP = 128
 """Tokens per sampled group: a multiple of every block length along tokens (16, 32, 128)."""
 E4M3_MIN_NORMAL = 2.0**-6
+UE5M3_MIN_NORMAL = 2.0**-14
 _SATURATION_TOLERANCE = 1.0 + 2.0**-20  # |x| above elem_max * d_b by more than fp32 rounding of the product
 _ROW_AMAX_CHUNK = 1 << 22  # elements per chunk when scanning rows for the amax (bounds the temporary)
 
@@ -166,13 +167,16 @@ def quantization_diagnostics(
 
     nonzero_block = block_amax > 0
     subnormal = torch.zeros_like(nonzero_block)
-    if fmt == "nvfp4":
-        encode, _ = formats.nvfp4_global_scales(values.abs().amax())
+    if fmt in ("nvfp4", "nvfp4_ue5m3"):
+        # scale_bound: 448 (256 with Four Over Six, whose map-to-4 scales stay below 448), 114688 for UE5M3
+        encode, _ = formats.nvfp4_global_scales(values.abs().amax(), quantized.scale_bound)
         unclamped = block_amax * (encode * torch.tensor(1.0 / formats.E2M1_MAX, dtype=torch.float32, device=values.device))
-        scale_saturated = unclamped > formats.E4M3_MAX * _SATURATION_TOLERANCE  # not the fp32 rounding at amax
+        largest_scale, smallest_normal = ((formats.UE5M3_MAX, UE5M3_MIN_NORMAL) if fmt == "nvfp4_ue5m3"
+                                          else (formats.E4M3_MAX, E4M3_MIN_NORMAL))
+        scale_saturated = unclamped > largest_scale * _SATURATION_TOLERANCE  # not the fp32 rounding at amax
         stored = quantized.block_scales.float()
         underflow = nonzero_block & (stored == 0)
-        subnormal = nonzero_block & (stored > 0) & (stored < E4M3_MIN_NORMAL)
+        subnormal = nonzero_block & (stored > 0) & (stored < smallest_normal)
     elif fmt in ("mxfp4", "mxfp8"):
         _, exponent = torch.frexp(block_amax)
         unbiased = exponent - 1 - formats.MX_ELEMENT_EMAX[fmt]
@@ -325,7 +329,8 @@ def _operand_record(layer: str, gemm: str, operand: str, tensor: torch.Tensor, s
         record.update(quantization_diagnostics(
             tensor, spec.fmt, tile=spec.tile, rounding=spec.rounding, generator=generator,
             power_of_two_scales=getattr(spec, "power_of_two_scales", True), rht=getattr(spec, "rht", False),
-            max_elements=max_elements, name=f"{layer} ({gemm} {operand})",
+            four_over_six=getattr(spec, "four_over_six", None), max_elements=max_elements,
+            name=f"{layer} ({gemm} {operand})",
         ))
     except (ValueError, TypeError) as error:  # e.g. a sample whose token count does not divide the block
         record["error"] = str(error)

@@ -24,6 +24,8 @@ ROUNDINGS = ("nearest", "stochastic")
 
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
+UE5M3_MAX = 114688.0
+"""The largest UE5M3 block scale: 2^16 * 1.75 (code 0xFE; 0xFF is NaN, models.quant.formats.elements)."""
 
 Tile = Optional[Tuple[int, int]]
 """(rows, cols) with cols along the reduction dim; None: one scale for the whole tensor."""
@@ -61,6 +63,10 @@ ELEMENT_FORMATS: Dict[str, ElementFormat] = {
         ElementFormat("nvfp4", "e2m1", default_tile=(1, 16), allowed_tiles=((1, 16), (16, 16)),
                       scaled_values_exact_in=(torch.bfloat16, torch.float16)),
         # E8M0 scales span fp32's exponent range, which bf16 shares and fp16 does not.
+        # nvfp4 with UE5M3 block scales (arXiv 2509.17791): q * s_b has <= 6 significant bits and
+        # reaches 6 * 114688, past fp16's range.
+        ElementFormat("nvfp4_ue5m3", "e2m1", default_tile=(1, 16), allowed_tiles=((1, 16), (16, 16)),
+                      scaled_values_exact_in=(torch.bfloat16,)),
         ElementFormat("mxfp4", "e2m1", default_tile=(1, 32), allowed_tiles=((1, 32),),
                       scaled_values_exact_in=(torch.bfloat16,)),
         ElementFormat("mxfp8", "e4m3", default_tile=(1, 32), allowed_tiles=((1, 32),),

@@ -151,21 +151,33 @@ class FormatSpec(OperandCosts):
         return backend in self.native and self.native[backend].allows(capability)
 
 
+def _nvfp4_linear_spec(cfg, *, four_over_six, fmt: str = "nvfp4", **gemms) -> gemm_spec.LinearSpec:
+    """The NVFP4 recipe's LinearSpec from the config's knobs (gemm_spec.nvfp4_linear_spec)."""
+    return gemm_spec.nvfp4_linear_spec(
+        weight_2d=cfg.weight_2d, wgrad_rht=cfg.wgrad_rht, stochastic_rounding=cfg.gradient_stochastic_rounding,
+        four_over_six=tuple(four_over_six), four_over_six_error=cfg.four_over_six_error, fmt=fmt, **gemms)
+
+
+def _te_nvfp4_options(cfg) -> Dict[str, object]:
+    """NVFP4BlockScaling's options; ValueError for what this recipe asks and TE's does not run."""
+    if cfg.four_over_six:
+        raise ValueError("TE's NVFP4 recipe runs Four Over Six only without RHT and stochastic rounding; "
+                         "precision.four_over_six runs on backend=emulated")
+    return dict(disable_rht=not cfg.wgrad_rht, disable_stochastic_rounding=not cfg.gradient_stochastic_rounding,
+                disable_2d_quantization=not cfg.weight_2d)
+
+
 FORMAT_SPECS: Dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
         FormatSpec(
             "nvfp4", "NVFP4 (E2M1, 1x16 / 16x16 E4M3 scales + fp32 tensor scale)", ELEMENT_FORMATS["nvfp4"],
             block_edge=16,
-            linear_spec=lambda cfg, **gemms: gemm_spec.nvfp4_linear_spec(
-                weight_2d=cfg.weight_2d, wgrad_rht=cfg.wgrad_rht,
-                stochastic_rounding=cfg.gradient_stochastic_rounding, **gemms),
+            linear_spec=lambda cfg, **gemms: _nvfp4_linear_spec(cfg, four_over_six=cfg.four_over_six, **gemms),
             quantize_kernel="nvfp4",
             native={"te": Capability((10, 0))},
             te_recipe="NVFP4BlockScaling",
-            te_recipe_options=lambda cfg: dict(disable_rht=not cfg.wgrad_rht,
-                                               disable_stochastic_rounding=not cfg.gradient_stochastic_rounding,
-                                               disable_2d_quantization=not cfg.weight_2d),
+            te_recipe_options=lambda cfg: _te_nvfp4_options(cfg),
             element_bytes=0.5, vector_block=16, vector_scale_bytes=1, weight_block=16 * 16, weight_scale_bytes=1,
             amax_pass=True, tensor_scale_bytes=4, peak_key="nvfp4",
         ),
@@ -212,6 +224,21 @@ FORMAT_SPECS["mxfp8_wgrad_rht"] = dataclasses.replace(
     FORMAT_SPECS["mxfp8"], name="mxfp8_wgrad_rht", label="MXFP8 (E4M3, 1x32 E8M0 scales), RHT on Wgrad",
     native={}, te_recipe=None,  # emulated only: TE's MXFP8 recipe has no RHT
     linear_spec=lambda cfg, **gemms: gemm_spec.mxfp8_linear_spec(wgrad_rht=True, **gemms),
+)
+
+# NVFP4 variants beyond the paper's recipe, each the full recipe with one change (docs/numerics.md). Emulated
+# only: TE's 4over6 recipe runs without RHT and stochastic rounding, and no TE recipe has UE5M3 scales.
+FORMAT_SPECS["nvfp4_4over6"] = dataclasses.replace(
+    FORMAT_SPECS["nvfp4"], name="nvfp4_4over6",
+    label="NVFP4, Four Over Six block scales (each block maps its max to 4 or 6, the lower error)",
+    native={}, te_recipe=None,
+    linear_spec=lambda cfg, **gemms: _nvfp4_linear_spec(
+        cfg, four_over_six=cfg.four_over_six or gemm_spec.FOUR_OVER_SIX_ROLES, **gemms),
+)
+FORMAT_SPECS["nvfp4_ue5m3"] = dataclasses.replace(
+    FORMAT_SPECS["nvfp4"], name="nvfp4_ue5m3", label="NVFP4 with UE5M3 block scales (E2M1, 1x16 / 16x16 + fp32 tensor scale)",
+    element_format=ELEMENT_FORMATS["nvfp4_ue5m3"], native={}, te_recipe=None, quantize_kernel=None,
+    linear_spec=lambda cfg, **gemms: _nvfp4_linear_spec(cfg, four_over_six=(), fmt="nvfp4_ue5m3", **gemms),
 )
 
 RECIPE_FORMATS = (HIGH_PRECISION, *FORMAT_SPECS)

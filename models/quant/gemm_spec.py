@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -43,9 +43,18 @@ class OperandSpec:
     """Apply the 16x16 random Hadamard transform along the reduction dim before quantizing."""
     power_of_two_scales: bool = True
     """fp8_block only: round block scales down to powers of two (TE Float8BlockScaling default)."""
+    four_over_six: Optional[str] = None
+    """nvfp4 only: None (every block max maps to 6), or Four Over Six with this candidate error, 'mse' or
+    'mae': each block keeps the lower-error of mapping its max to 4 or to 6 (formats.four_over_six)."""
 
     def __post_init__(self):
         object.__setattr__(self, "tile", resolve_tile(self.fmt, self.tile))
+        if self.four_over_six is not None:
+            if self.fmt not in formats.FOUR_OVER_SIX_FORMATS:
+                raise ValueError(f"four_over_six applies to {formats.FOUR_OVER_SIX_FORMATS}, not {self.fmt!r}")
+            if self.four_over_six not in formats.FOUR_OVER_SIX_ERRORS:
+                raise ValueError(f"four_over_six must be None or one of {formats.FOUR_OVER_SIX_ERRORS}, "
+                                 f"got {self.four_over_six!r}")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
         if self.rounding == "stochastic" and self.fmt not in E2M1_FORMATS:
@@ -66,7 +75,12 @@ class OperandSpec:
 
     @property
     def transpose_invariant(self) -> bool:
-        """Whether quantizing the transposed tensor gives the transposed result (square or no tiles, RNE)."""
+        """Whether quantizing the transposed tensor gives the transposed result (square or no tiles, RNE).
+
+        Four Over Six on a 16x16 tile is counted as such: its choice sums the tile's errors row by row, so
+        the transposed tile could choose the other candidate in a near-tie; the transposed operand is
+        therefore always the tensor quantized and then transposed (models.quant.linear, the kernels), as
+        TE quantizes W once for Fprop and Dgrad."""
         square = self.tile is None or self.tile[0] == self.tile[1]
         return square and self.rounding == "nearest" and not self.rht
 
@@ -77,6 +91,8 @@ class OperandSpec:
             extras.append("RHT")
         if self.fmt == "fp8_block":
             extras.append("pow2" if self.power_of_two_scales else "fp32 scales")
+        if self.four_over_six is not None:
+            extras.append(f"4/6-{self.four_over_six.upper()}")
         return f"{self.fmt} {tile} {'+'.join(extras)}"
 
 
@@ -162,6 +178,11 @@ def _gemm_or_none(enabled: bool, a: OperandSpec, b: OperandSpec) -> Optional[Gem
     return GemmSpec(a, b) if enabled else None
 
 
+FOUR_OVER_SIX_ROLES = ("x", "w", "dy")
+"""The operand roles Four Over Six can apply to: X (Fprop X, Wgrad X^T), W (Fprop W, Dgrad W^T), dY (Dgrad
+dY, Wgrad dY^T)."""
+
+
 def nvfp4_linear_spec(
     weight_2d: bool = True,
     wgrad_rht: bool = True,
@@ -169,17 +190,30 @@ def nvfp4_linear_spec(
     quantize_fprop: bool = True,
     quantize_dgrad: bool = True,
     quantize_wgrad: bool = True,
+    four_over_six: Sequence[str] = (),
+    four_over_six_error: str = "mse",
+    fmt: str = "nvfp4",
 ) -> LinearSpec:
-    """The paper's NVFP4 recipe (module docstring); each technique switchable for ablations."""
+    """The paper's NVFP4 recipe (module docstring); each technique switchable for ablations.
+
+    ``four_over_six``: the roles (FOUR_OVER_SIX_ROLES) whose operands choose each block's scale by Four
+    Over Six with ``four_over_six_error``. ``fmt``: the element format (nvfp4, or nvfp4_ue5m3 for UE5M3
+    block scales).
+    """
+    unknown = sorted(set(four_over_six) - set(FOUR_OVER_SIX_ROLES))
+    if unknown:
+        raise ValueError(f"four_over_six names operand roles of {FOUR_OVER_SIX_ROLES}, got {unknown}")
+    choice = {role: four_over_six_error if role in four_over_six else None for role in FOUR_OVER_SIX_ROLES}
     gradient_rounding = "stochastic" if stochastic_rounding else "nearest"
-    weight = OperandSpec("nvfp4", (16, 16) if weight_2d else (1, 16))
+    weight = OperandSpec(fmt, (16, 16) if weight_2d else (1, 16), four_over_six=choice["w"])
     return LinearSpec(
-        fprop=_gemm_or_none(quantize_fprop, OperandSpec("nvfp4", (1, 16)), weight),
-        dgrad=_gemm_or_none(quantize_dgrad, OperandSpec("nvfp4", (1, 16), gradient_rounding), weight),
+        fprop=_gemm_or_none(quantize_fprop, OperandSpec(fmt, (1, 16), four_over_six=choice["x"]), weight),
+        dgrad=_gemm_or_none(quantize_dgrad, OperandSpec(fmt, (1, 16), gradient_rounding,
+                                                        four_over_six=choice["dy"]), weight),
         wgrad=_gemm_or_none(
             quantize_wgrad,
-            OperandSpec("nvfp4", (1, 16), gradient_rounding, rht=wgrad_rht),
-            OperandSpec("nvfp4", (1, 16), "nearest", rht=wgrad_rht),
+            OperandSpec(fmt, (1, 16), gradient_rounding, rht=wgrad_rht, four_over_six=choice["dy"]),
+            OperandSpec(fmt, (1, 16), "nearest", rht=wgrad_rht, four_over_six=choice["x"]),
         ),
     )
 

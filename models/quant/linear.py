@@ -169,8 +169,11 @@ def _quantize_operand(
                                                  out_dtype=values_dtype, scales=shared_scales, name=name)
     else:
         # A transposed operand stays a view of the tensor's storage: the RHT and the quantizer
-        # keep its memory order, and the GEMM takes it as a transposed matrix (no copies).
-        matrix = tensor.t() if transpose else tensor
+        # keep its memory order, and the GEMM takes it as a transposed matrix (no copies). A square
+        # tile with Four Over Six is chosen on the tensor itself and transposed after, as the kernels
+        # and TE do (OperandSpec.transpose_invariant).
+        tile_then_transpose = transpose and spec.four_over_six is not None and spec.transpose_invariant
+        matrix = tensor.t() if transpose and not tile_then_transpose else tensor
         if seeded:
             generator = _torch_generator(rng, name)
         if spec.rht:
@@ -185,7 +188,10 @@ def _quantize_operand(
             power_of_two_scales=spec.power_of_two_scales,
             name=name,
             dtype=values_dtype,
+            four_over_six=spec.four_over_six,
         )
+        if tile_then_transpose:
+            values = values.t()
     if not exact and decode is not None:
         values, decode = values.mul_(decode), None  # (q * s_b) * S_dec: the full fp32 dequantization
     return _Operand(values, decode)

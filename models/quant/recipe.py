@@ -33,6 +33,11 @@ import torch.nn as nn
 
 from models.quant.config import PrecisionConfig
 from models.quant.format_registry import BACKENDS, FORMAT_SPECS, GEMMS, RECIPE_FORMATS, format_spec
+from models.quant.formats import FOUR_OVER_SIX_ERRORS
+from models.quant.gemm_spec import FOUR_OVER_SIX_ROLES
+
+FOUR_OVER_SIX_RECIPES = ("nvfp4", "nvfp4_4over6")
+"""The recipe formats that read precision.four_over_six."""
 
 _BLOCK_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -191,6 +196,15 @@ def validate_config(cfg: PrecisionConfig) -> None:
     for name in ("bf16_layers_at_start", "bf16_layers_at_end"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"precision.{name} must be >= 0; got {getattr(cfg, name)}")
+    unknown_roles = [role for role in cfg.four_over_six if role not in FOUR_OVER_SIX_ROLES]
+    if unknown_roles:
+        raise ValueError(f"precision.four_over_six names operand roles of {FOUR_OVER_SIX_ROLES}; got {unknown_roles}")
+    if cfg.four_over_six and cfg.format not in FOUR_OVER_SIX_RECIPES:
+        raise ValueError(f"precision.four_over_six applies to the formats {FOUR_OVER_SIX_RECIPES}, not {cfg.format!r}; "
+                         "leave it empty")
+    if cfg.four_over_six_error not in FOUR_OVER_SIX_ERRORS:
+        raise ValueError(f"precision.four_over_six_error must be one of {FOUR_OVER_SIX_ERRORS}; "
+                         f"got {cfg.four_over_six_error!r}")
 
 
 def plan_layers(model: nn.Module, cfg: PrecisionConfig) -> List[LayerPlan]:
@@ -288,6 +302,7 @@ def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[tor
         layer.backend = backend if layer.quantized else "bf16"
     if backend == "none" or not to_convert:
         return plan
+    plan.notes.append(f"quantized operands ({to_convert[0].name}): {linear_spec(cfg, to_convert[0]).describe()}")
 
     if backend == "te":
         from models.quant import te_backend

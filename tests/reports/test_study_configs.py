@@ -38,7 +38,7 @@ def study_model():
 
 
 def operand_table(cfg: TrainConfig, model) -> dict:
-    """{(layer, gemm, operand): (format, tile, rounding, rht)} of every quantized GEMM operand."""
+    """{(layer, gemm, operand): (format, tile, rounding, rht, four_over_six)} of every quantized GEMM operand."""
     table = {}
     for layer in plan_layers(model, cfg.precision):
         if not layer.quantized:
@@ -50,7 +50,7 @@ def operand_table(cfg: TrainConfig, model) -> dict:
                 continue
             for operand in ("a", "b"):
                 o = getattr(gemm_spec, operand)
-                table[(layer.name, gemm, operand)] = (o.fmt, o.tile, o.rounding, o.rht)
+                table[(layer.name, gemm, operand)] = (o.fmt, o.tile, o.rounding, o.rht, o.four_over_six)
     return table
 
 
@@ -153,6 +153,17 @@ def test_mxfp4_changes_the_format_and_keeps_the_recipe(configs, study_model):
         assert (before[0], after[0]) == ("nvfp4", "mxfp4")
         assert after[1] == (1, 32)  # OCP MX has no 2D weight blocks
         assert before[2:] == after[2:], (layer, gemm, operand)  # same rounding and RHT
+
+
+def test_four_over_six_changes_only_the_block_scale_choice(configs, study_model):
+    """Every operand of the quantized layers chooses its block scales by Four Over Six (MSE); format,
+    tiles, rounding and RHT stay the recipe's, and the config differs in the format and name only."""
+    changed = changed_operands(configs, study_model, "nvfp4_4over6")
+    assert set(changed) == set(operand_table(configs["nvfp4"], study_model))  # every operand
+    for before, after in changed.values():
+        assert before[:4] == after[:4] and (before[4], after[4]) == (None, "mse")
+    assert (without(configs["nvfp4_4over6"], "precision.format", "precision.name")
+            == without(configs["nvfp4"], "precision.format", "precision.name"))
 
 
 def test_late_switch_keeps_the_plan_and_switches_at_80_percent(configs, study_model):

@@ -7,7 +7,8 @@ tile raises ValueError; nothing is ever padded. All arithmetic is fp32, in the o
 module writes down:
 
 - ``nvfp4``: E2M1 elements, E4M3 block scales (1x16 or 16x16), fp32 tensor scale (TE
-  ``core_nvfp4.cuh``);
+  ``core_nvfp4.cuh``); ``nvfp4_ue5m3``: the same with UE5M3 block scales; ``four_over_six``: nvfp4
+  whose blocks choose between scaling their max to 4 or to 6 (``quantize(..., four_over_six="mse")``);
 - ``mx``: mxfp4 / mxfp8, E2M1 / E4M3 elements, E8M0 scales per 1x32 block (OCP MX v1.0);
 - ``fp8``: fp8_block (1x128 / 128x128 fp32 scales, TE ``Float8BlockScaling``) and fp8_tensor (one
   fp32 scale, TE ``Float8CurrentScaling``);
@@ -66,11 +67,14 @@ from models.quant.element_formats import (  # noqa: F401 - re-exported: formats.
     E4M3_MAX,
     OPERAND_FORMATS,
     ROUNDINGS,
+    UE5M3_MAX,
     resolve_tile,
 )
+from models.quant.formats import four_over_six as four_over_six_format
 from models.quant.formats import fp8, mx, nvfp4
 from models.quant.formats.blocking import blockable, check_blockable  # noqa: F401 - re-exported
 from models.quant.formats.elements import E2M1_GRID, FLT_MAX  # noqa: F401 - re-exported
+from models.quant.formats.four_over_six import FOUR_OVER_SIX_BOUND, FOUR_OVER_SIX_ERRORS  # noqa: F401 - re-exported
 from models.quant.formats.mx import E8M0_BIAS, E8M0_NAN_CODE, MX_ELEMENT_EMAX  # noqa: F401 - re-exported
 from models.quant.formats.nvfp4 import nvfp4_global_scales  # noqa: F401 - re-exported
 from models.quant.formats.quantized_tensor import Encoded, QuantizedTensor
@@ -92,6 +96,7 @@ class _ElementQuantizer(NamedTuple):
 
 QUANTIZERS = {
     "nvfp4": _ElementQuantizer(nvfp4.codes, nvfp4.values),
+    "nvfp4_ue5m3": _ElementQuantizer(partial(nvfp4.codes, fmt="nvfp4_ue5m3"), partial(nvfp4.values, fmt="nvfp4_ue5m3")),
     "mxfp4": _ElementQuantizer(partial(mx.codes, "mxfp4"), partial(mx.values, "mxfp4")),
     "mxfp8": _ElementQuantizer(partial(mx.codes, "mxfp8"), partial(mx.values, "mxfp8")),
     "fp8_block": _ElementQuantizer(fp8.block_codes, fp8.block_values),
@@ -106,9 +111,18 @@ here; tests check the two agree)."""
 # Public API
 
 
-def _checked_tile(x: torch.Tensor, fmt: str, tile, rounding: str, name: Optional[str]):
+FOUR_OVER_SIX_FORMATS = ("nvfp4",)
+"""The element formats Four Over Six applies to (its bound 256 and map-to-4 factor are E4M3's)."""
+
+
+def _checked_tile(x: torch.Tensor, fmt: str, tile, rounding: str, name: Optional[str], four_over_six=None):
     """Validate the arguments of quantize() and friends; return the resolved tile."""
     tile = resolve_tile(fmt, tile)
+    if four_over_six is not None:
+        if fmt not in FOUR_OVER_SIX_FORMATS:
+            raise ValueError(f"four_over_six applies to {FOUR_OVER_SIX_FORMATS}, not {fmt!r}")
+        if four_over_six not in FOUR_OVER_SIX_ERRORS:
+            raise ValueError(f"four_over_six must be one of {FOUR_OVER_SIX_ERRORS}, got {four_over_six!r}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; expected one of {ROUNDINGS}")
     if rounding == "stochastic" and fmt not in E2M1_FORMATS:
@@ -118,6 +132,13 @@ def _checked_tile(x: torch.Tensor, fmt: str, tile, rounding: str, name: Optional
         raise TypeError(f"{where}cannot quantize dtype {x.dtype}; expected one of {_INPUT_DTYPES}")
     check_blockable(x.shape, fmt, tile, name=name)
     return tile
+
+
+def _quantizer(fmt: str, four_over_six: Optional[str]) -> _ElementQuantizer:
+    """The codes and values paths of ``fmt``, or of Four Over Six with that candidate error."""
+    if four_over_six is None:
+        return QUANTIZERS[fmt]
+    return _ElementQuantizer(*four_over_six_format.quantizer(four_over_six))
 
 
 def _input_max(x: torch.Tensor) -> float:
@@ -160,6 +181,7 @@ def quantize(
     power_of_two_scales: bool = True,
     name: Optional[str] = None,
     uniform: Optional[torch.Tensor] = None,
+    four_over_six: Optional[str] = None,
 ) -> QuantizedTensor:
     """Quantize ``x`` (fp32/bf16/fp16, any shape, blocks along the last dim) to ``fmt``.
 
@@ -167,13 +189,14 @@ def quantize(
     ``rounding``: "nearest" (RNE) or "stochastic" (E2M1 formats; uniforms from ``generator``,
     torch's global RNG when None, or ``uniform``: fp32 [rows, cols] of x's 2D view, one per
     element, for a reference that rounds with given draws). ``power_of_two_scales``: fp8_block
-    only. ``name`` (e.g. the layer) prefixes shape errors.
+    only. ``name`` (e.g. the layer) prefixes shape errors. ``four_over_six``: nvfp4 only, None (every
+    block max maps to 6) or the candidate error, "mse" or "mae" (``formats.four_over_six``).
     """
-    tile = _checked_tile(x, fmt, tile, rounding, name)
+    tile = _checked_tile(x, fmt, tile, rounding, name, four_over_six)
     x2d = x.reshape(-1, x.shape[-1])
     uniform = _uniforms(x2d, rounding, generator, uniform)
 
-    encoded = QUANTIZERS[fmt].codes(x2d, tile, rounding, uniform, power_of_two_scales, _input_max(x))
+    encoded = _quantizer(fmt, four_over_six).codes(x2d, tile, rounding, uniform, power_of_two_scales, _input_max(x))
     return QuantizedTensor(
         fmt=fmt,
         codes=encoded.codes.reshape(x2d.shape),
@@ -184,18 +207,20 @@ def quantize(
         dtype=x.dtype,
         power_of_two_scales=(fmt == "fp8_block" and power_of_two_scales),
         amax=encoded.amax,
+        scale_bound=FOUR_OVER_SIX_BOUND if four_over_six is not None else nvfp4.SCALE_BOUNDS.get(fmt, E4M3_MAX),
     )
 
 
 def _scaled_values_fp32(
-    x: torch.Tensor, fmt: str, tile, rounding: str, generator, power_of_two_scales: bool
+    x: torch.Tensor, fmt: str, tile, rounding: str, generator, power_of_two_scales: bool, four_over_six=None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(q * s_b as fp32 [rows, cols], per-tensor decode scale or None): the values path of quantize()."""
     x2d = x.reshape(-1, x.shape[-1])
     uniform = _uniforms(x2d, rounding, generator, None)
     if uniform is not None:
         uniform = _laid_out_like(uniform, x2d)
-    values, tensor_scale = QUANTIZERS[fmt].values(x2d, tile, rounding, uniform, power_of_two_scales, _input_max(x))
+    values, tensor_scale = _quantizer(fmt, four_over_six).values(x2d, tile, rounding, uniform, power_of_two_scales,
+                                                                 _input_max(x))
     return values.reshape(x2d.shape), tensor_scale
 
 
@@ -209,6 +234,7 @@ def quantize_scaled_values(
     power_of_two_scales: bool = True,
     name: Optional[str] = None,
     dtype: torch.dtype = torch.bfloat16,
+    four_over_six: Optional[str] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(q * s_b in ``dtype`` and x's shape, per-tensor decode scale or None), without element codes.
 
@@ -216,8 +242,8 @@ def quantize_scaled_values(
     same arguments (and, for stochastic rounding, the same uniform draws from ``generator``); what
     an emulated GEMM needs. Keeps x's memory order (a transposed x gives a transposed result).
     """
-    tile = _checked_tile(x, fmt, tile, rounding, name)
-    values, tensor_scale = _scaled_values_fp32(x, fmt, tile, rounding, generator, power_of_two_scales)
+    tile = _checked_tile(x, fmt, tile, rounding, name, four_over_six)
+    values, tensor_scale = _scaled_values_fp32(x, fmt, tile, rounding, generator, power_of_two_scales, four_over_six)
     return values.reshape(x.shape).to(dtype), tensor_scale
 
 
@@ -230,10 +256,11 @@ def fake_quantize(
     generator: Optional[torch.Generator] = None,
     power_of_two_scales: bool = True,
     name: Optional[str] = None,
+    four_over_six: Optional[str] = None,
 ) -> torch.Tensor:
     """``quantize(x, ...).dequantize()`` bit for bit (x's shape and dtype), computed without codes."""
-    tile = _checked_tile(x, fmt, tile, rounding, name)
-    values, tensor_scale = _scaled_values_fp32(x, fmt, tile, rounding, generator, power_of_two_scales)
+    tile = _checked_tile(x, fmt, tile, rounding, name, four_over_six)
+    values, tensor_scale = _scaled_values_fp32(x, fmt, tile, rounding, generator, power_of_two_scales, four_over_six)
     if tensor_scale is not None:
         values = values.mul_(tensor_scale)  # (q * s_b) * S_dec, as dequantize() orders it
     return values.reshape(x.shape).to(x.dtype)

@@ -1,4 +1,4 @@
-"""Element rounding: E2M1 (codes path and values path) and E4M3, in fp32.
+"""Element rounding: E2M1 (codes path and values path), E4M3 and UE5M3, in fp32.
 
 Two paths, bit-identical (the tests check it on every format, ties, zeros, subnormal scales and
 NaN/Inf included):
@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from models.quant.element_formats import E2M1_MAX, E4M3_MAX
+from models.quant.element_formats import E2M1_MAX, E4M3_MAX, UE5M3_MAX
 
 FLT_MAX = torch.finfo(torch.float32).max
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -77,6 +77,44 @@ def round_e2m1(
 def round_e4m3(scaled: torch.Tensor) -> torch.Tensor:
     """E4M3 (float8_e4m3fn) of fp32 ``scaled``: saturate to +-448, then RNE (torch's cast). NaN stays NaN."""
     return scaled.clamp(min=-E4M3_MAX, max=E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+# UE5M3: an unsigned 8-bit scale, 5 exponent bits (bias 15) and 3 mantissa bits. Code e m (e = code >> 3,
+# m = code & 7): e = 0 is subnormal, m * 2^-17; else 2^(e - 15) * (1 + m / 8); 0xFF is NaN and there is no
+# infinity, so the largest value is 0xFE = 2^16 * 1.75 = 114688. These are E4M3's conventions (OCP OFP8,
+# "fn": no infinities, the all-ones code is NaN) on a byte without a sign bit, whose freed bit widens
+# the exponent: E4M3's 2^-9 .. 448 becomes 2^-17 .. 114688 at the same 3-bit precision.
+UE5M3_MIN_NORMAL = 2.0 ** -14
+UE5M3_NAN_CODE = 0xFF
+
+
+def round_ue5m3(value: torch.Tensor) -> torch.Tensor:
+    """UE5M3 of fp32 ``value`` >= 0 (or NaN), as fp32: saturate at 114688, then RNE to 3 mantissa bits.
+
+    quantum = max(2^floor(log2 v) / 8, 2^-17) (the spacing at v; 2^-17 in the subnormal range); then
+    round_half_even(v / quantum) * quantum, both steps exact. NaN stays NaN.
+    """
+    value = value.clamp(max=UE5M3_MAX)
+    power_of_two = (value.view(torch.int32) & 0x7F800000).view(torch.float32)  # +Inf for NaN
+    quantum = (power_of_two * 0.125).clamp_(min=2.0 ** -17)
+    return (value / quantum).round_().mul_(quantum)
+
+
+def ue5m3_codes(values: torch.Tensor) -> torch.Tensor:
+    """uint8 UE5M3 codes of fp32 values that are UE5M3 values (``round_ue5m3``'s outputs) or NaN."""
+    bits = values.view(torch.int32)
+    normal = (((bits >> 23) - 112) << 3) | ((bits >> 20) & 7)
+    codes = torch.where(values >= UE5M3_MIN_NORMAL, normal, (values * 2.0 ** 17).nan_to_num(0.0).to(torch.int32))
+    return torch.where(values.isnan(), UE5M3_NAN_CODE, codes).to(torch.uint8)
+
+
+def ue5m3_values(codes: torch.Tensor) -> torch.Tensor:
+    """fp32 values of uint8 UE5M3 codes (NaN for 0xFF)."""
+    codes = codes.to(torch.int32)
+    exponent, mantissa = codes >> 3, (codes & 7).float()
+    normal = torch.ldexp(1.0 + mantissa * 0.125, exponent - 15)
+    values = torch.where(exponent == 0, mantissa * 2.0 ** -17, normal)
+    return torch.where(codes == UE5M3_NAN_CODE, torch.full_like(values, float("nan")), values)
 
 
 # ----------------------------------------------------------------------------------------------

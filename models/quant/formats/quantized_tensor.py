@@ -52,6 +52,9 @@ class QuantizedTensor:
     """nvfp4 only: the 0-dim fp32 tensor amax that S_enc came from. TE stores it with the tensor,
     and its standalone dequantize kernel reads it (``dequantize_te_standalone``); 1/S_enc alone
     does not determine it."""
+    scale_bound: float = E4M3_MAX
+    """nvfp4: the block scale the amax maps to, S_enc = scale_bound * 6 / amax (448; 256 with Four
+    Over Six, which TE records with the tensor as its E4M3 max; 114688 for nvfp4_ue5m3)."""
 
     @property
     def rows(self) -> int:
@@ -119,8 +122,9 @@ class QuantizedTensor:
             raise ValueError(f"dequantize_te_standalone() is TE's NVFP4 dequantize, not for {self.fmt}")
         if self.amax is None:
             raise ValueError("this nvfp4 QuantizedTensor carries no amax (build it with quantize())")
-        # The constant is rounded once to fp32, as the CUDA constexpr float is.
-        factor = fp32(1.0 / (E2M1_MAX * E4M3_MAX), self.codes.device)
+        # The constant is rounded once to fp32, as the CUDA constexpr float is (TE's E4M3 max: 448, or
+        # 256 for a Four Over Six tensor).
+        factor = fp32(1.0 / (E2M1_MAX * self.scale_bound), self.codes.device)
         block_factor = (self.block_scales_fp32() * self.amax) * factor  # two fp32 roundings, TE's order
         values = self._blocked(self.element_values()) * block_factor
         return values.reshape(self.shape).to(dtype or self.dtype)

@@ -22,6 +22,14 @@ Inf, and a non-finite amax gives a NaN decode scale, as in the reference. Litera
 kernels: 0.16666666666666666 = 1/6 (becomes fp32(1/6), TE's constexpr 1.0f / 6.0f),
 3.4028234663852886e38 = FLT_MAX.
 
+Four Over Six (``four_over_six="mse"`` or ``"mae"``, from ``OperandSpec.four_over_six``; the torch
+reference is ``formats.four_over_six``): the amax passes and the in-kernel scales take S_enc = 1536 / amax,
+and each block is quantized with both candidate scales, keeping the lower-error one
+(``nvfp4_four_over_six``). The columns kernel does it under its FOUR_OVER_SIX constexpr (its 16 rows
+already are 16 tensors); along rows a kernel of its own (``_quantize_rows_four_over_six_kernel``)
+loads element j of every block as one tensor, so a candidate's error is summed in TE's element order.
+Stochastic rounding keeps the round-to-nearest choice and draws the same bits as without it.
+
 ``quantize_operand`` and friends (end of module) are what ``models.quant.linear`` calls for an
 operand whose format names this module (``FormatSpec.quantize_kernel``).
 """
@@ -36,6 +44,7 @@ import torch
 from models.quant.formats import QuantizedTensor, quantize
 from models.quant.kernels.fp4_common import KERNEL_INPUT_DTYPES
 from models.quant.kernels.nvfp4_amax import rht_global_scales, rows_and_rht_columns_scales, tensor_amax
+from models.quant.kernels.nvfp4_four_over_six import four_over_six_code
 from models.quant.kernels.options import NVFP4_OPTIONS, Nvfp4Options
 from models.quant.kernels.triton_common import (
     bf16_rounding_mode,
@@ -48,15 +57,19 @@ from models.quant.kernels.triton_common import (
 from models.quant.rht import rht as random_hadamard_transform
 
 
-def quantize_rows_ref(x: torch.Tensor, *, two_d: bool = False) -> QuantizedTensor:
-    """The torch reference of ``quantize_rows`` (round to nearest)."""
-    return quantize(x, "nvfp4", tile=(16, 16) if two_d else (1, 16))
+def quantize_rows_ref(x: torch.Tensor, *, two_d: bool = False, four_over_six: Optional[str] = None,
+                      **rounding) -> QuantizedTensor:
+    """The torch reference of ``quantize_rows`` (round to nearest; ``rounding``: quantize()'s rounding
+    and uniform, for stochastic rounding with the kernel's draws)."""
+    return quantize(x, "nvfp4", tile=(16, 16) if two_d else (1, 16), four_over_six=four_over_six, **rounding)
 
 
-def quantize_columns_ref(x: torch.Tensor, *, rht: bool = False) -> QuantizedTensor:
+def quantize_columns_ref(x: torch.Tensor, *, rht: bool = False, four_over_six: Optional[str] = None,
+                         **rounding) -> QuantizedTensor:
     """The torch reference of ``quantize_columns`` (round to nearest), in the operand's [cols, rows]
     layout: the kernel's outputs transposed."""
-    return quantize(random_hadamard_transform(x.t()) if rht else x.t(), "nvfp4")
+    return quantize(random_hadamard_transform(x.t()) if rht else x.t(), "nvfp4", four_over_six=four_over_six,
+                    **rounding)
 
 
 @dataclass
@@ -90,34 +103,43 @@ if triton is not None:
         tile_of_program,
     )
     from models.quant.kernels.nvfp4_amax import tensor_scales
+    from models.quant.kernels.nvfp4_four_over_six import (
+        block_choice,
+        block_reciprocal,
+        candidate_error_16,
+        candidate_scales,
+        choose,
+        tile_sum_of_rows,
+    )
     from models.quant.kernels.triton_common import abs_nan_to_inf, e4m3_round
 
     @triton.jit
-    def _load_global_scales(global_ptr, amax_ptr, first_program, SCALES_FROM_AMAX: tl.constexpr):
-        """(S_enc, S_dec): from the finalize kernel's output, or (SCALES_FROM_AMAX) computed here from
-        the tensor's fp32 amax, the first program writing them to global_ptr for the GEMM. Every
-        program computes the same two numbers."""
+    def _load_global_scales(global_ptr, amax_ptr, first_program, SCALES_FROM_AMAX: tl.constexpr,
+                            FOUR_OVER_SIX: tl.constexpr):
+        """(S_enc, S_dec, amax): from the finalize kernel's output [S_enc, S_dec, -, amax], or
+        (SCALES_FROM_AMAX) computed here from the tensor's fp32 amax, the first program writing them to
+        global_ptr for the GEMM. Every program computes the same numbers. The amax (which only Four
+        Over Six's errors take) is 0 without FOUR_OVER_SIX."""
         if SCALES_FROM_AMAX:
-            encode, decode = tensor_scales(abs_nan_to_inf(tl.load(amax_ptr).to(tl.float32)))
+            amax = abs_nan_to_inf(tl.load(amax_ptr).to(tl.float32))
+            encode, decode = tensor_scales(amax, FOUR_OVER_SIX)
             if first_program:
                 tl.store(global_ptr, encode)
                 tl.store(global_ptr + 1, decode)
         else:
             encode = tl.load(global_ptr)
             decode = tl.load(global_ptr + 1)
-        return encode, decode
+            if FOUR_OVER_SIX != 0:
+                amax = tl.load(global_ptr + 3)
+            else:
+                amax = tl.zeros([], tl.float32)
+        return encode, decode, amax
 
     @triton.jit
     def _e4m3_scale(value):
         """E4M3 RNE of value >= 0 (or NaN), saturating at 448: (fp32 value, uint8 code)."""
         rounded, code = e4m3_round(value)
         return rounded, code.to(tl.uint8)
-
-    @triton.jit
-    def _block_reciprocal(scale, decode):
-        """r_b = min(1 / (s_b * S_dec), FLT_MAX); NaN stays NaN."""
-        reciprocal = tl.math.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale * decode)
-        return tl.where(reciprocal > 3.4028234663852886e38, 3.4028234663852886e38, reciprocal)
 
     @triton.jit
     def _quantize_rows_kernel(
@@ -139,7 +161,7 @@ if triton is not None:
     ):
         """One [BLOCK_R, BLOCK_C] tile: 1x16 blocks along cols, or (TWO_D, BLOCK_R == 16) 16x16 tiles."""
         pid_r, pid_c = tile_of_program(tl.cdiv(cols, BLOCK_C), True)
-        encode, decode = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), SCALES_FROM_AMAX)
+        encode, decode, _ = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), SCALES_FROM_AMAX, 0)
         row = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (row < rows)[:, None] & (col < cols)[None, :]
@@ -163,7 +185,7 @@ if triton is not None:
             scale_mask = (row < rows)[:, None] & (scale_col < scale_cols)[None, :]
             scale_offsets = row.to(tl.int64)[:, None] * scale_cols + scale_col[None, :]
             tl.store(scales_ptr + scale_offsets, code, mask=scale_mask)
-        reciprocal = _block_reciprocal(scale, decode)
+        reciprocal = block_reciprocal(scale, decode)
         # The scales broadcast by indexing ([:, :, None]), not by tl.reshape(.., [.., 1]), which
         # Triton 3.6 moves through shared memory in the 2D kernel (8% slower there).
         scaled = x3 * reciprocal[:, :, None]
@@ -199,10 +221,12 @@ if triton is not None:
         STOCHASTIC: tl.constexpr,
         WRITE_CODES: tl.constexpr,
         SCALES_FROM_AMAX: tl.constexpr,
+        FOUR_OVER_SIX: tl.constexpr,  # 0: off, 1: Four Over Six by MSE, 2: by MAE
     ):
         """GROUPS groups of 16 rows x BLOCK_C cols; blocks are 16x1 (down the columns)."""
         pid_g, pid_c = tile_of_program(tl.cdiv(cols, BLOCK_C), True)
-        encode, decode = _load_global_scales(global_ptr, amax_ptr, (pid_g == 0) & (pid_c == 0), SCALES_FROM_AMAX)
+        encode, decode, amax = _load_global_scales(global_ptr, amax_ptr, (pid_g == 0) & (pid_c == 0),
+                                                   SCALES_FROM_AMAX, FOUR_OVER_SIX)
         group = pid_g * GROUPS + tl.arange(0, GROUPS)
         col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (group < groups)[:, None] & (col < cols)[None, :]
@@ -214,10 +238,15 @@ if triton is not None:
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, ROUND_BF16
             )
         block_amax = max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF=False)
-        scale, scale_code = _e4m3_scale(block_amax * (encode * 0.16666666666666666))
+        if FOUR_OVER_SIX != 0:
+            scale, scale_code, reciprocal = block_choice(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+                block_amax, encode, decode, amax, FOUR_OVER_SIX)
+        else:
+            scale, scale_code = _e4m3_scale(block_amax * (encode * 0.16666666666666666))
+            reciprocal = block_reciprocal(scale, decode)
         scale_offsets = group.to(tl.int64)[:, None] * cols + col[None, :]
-        tl.store(scales_ptr + scale_offsets, scale_code, mask=mask)
-        reciprocal = _block_reciprocal(scale, decode)
+        tl.store(scales_ptr + scale_offsets, scale_code.to(tl.uint8), mask=mask)
         if STOCHASTIC:
             # One Philox call per 16x1 block (counter = its first element's offset): row 4 w + b of
             # the block takes byte b of word w.
@@ -237,22 +266,95 @@ if triton is not None:
                               values_ptr, codes_ptr, w3, STOCHASTIC, WRITE_CODES)
 
 
+    @triton.jit
+    def _quantize_rows_four_over_six_kernel(
+        x_ptr,
+        values_ptr,
+        codes_ptr,
+        scales_ptr,
+        global_ptr,
+        amax_ptr,
+        seed_ptr,
+        rows,
+        cols,
+        BLOCK_R: tl.constexpr,
+        BLOCKS: tl.constexpr,
+        TWO_D: tl.constexpr,
+        STOCHASTIC: tl.constexpr,
+        WRITE_CODES: tl.constexpr,
+        FOUR_OVER_SIX: tl.constexpr,  # 1: by MSE, 2: by MAE
+    ):
+        """Four Over Six on BLOCK_R rows x BLOCKS 16-element blocks along cols, or (TWO_D, BLOCK_R == 16)
+        BLOCKS 16x16 tiles. Element j of every block is the tensor x_j [BLOCK_R, BLOCKS]
+        (``nvfp4_four_over_six``); stochastic rounding draws the rows kernel's bits (element 4 p + b
+        of a block: byte b of Philox word (w0, w2, w1, w3)[p] at the block's first offset)."""
+        scale_cols = cols // 16
+        pid_r, pid_c = tile_of_program(tl.cdiv(scale_cols, BLOCKS), True)
+        encode, decode, amax = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), True,
+                                                   FOUR_OVER_SIX)
+        row = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        block = pid_c * BLOCKS + tl.arange(0, BLOCKS)
+        mask = (row < rows)[:, None] & (block < scale_cols)[None, :]
+        base_offsets = row.to(tl.int64)[:, None] * cols + (block * 16)[None, :]
+        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = load_16_rows(
+            x_ptr + base_offsets, 1, mask)
+        block_amax = max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF=False)
+        if TWO_D:
+            scale_4, code_4, reciprocal_4, scale_6, code_6, reciprocal_6 = candidate_scales(
+                tl.max(block_amax, axis=0), encode, decode)  # [BLOCKS]: one pair per 16x16 tile
+            error_4 = tile_sum_of_rows(candidate_error_16(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+                scale_4[None, :], reciprocal_4[None, :], amax, FOUR_OVER_SIX))
+            error_6 = tile_sum_of_rows(candidate_error_16(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+                scale_6[None, :], reciprocal_6[None, :], amax, FOUR_OVER_SIX))
+            scale, code, reciprocal = choose(error_4, error_6, scale_4, code_4, reciprocal_4, scale_6, code_6,
+                                             reciprocal_6)
+            tl.store(scales_ptr + pid_r * scale_cols + block, code.to(tl.uint8), mask=block < scale_cols)
+            scale = tl.broadcast_to(scale[None, :], [BLOCK_R, BLOCKS])
+            reciprocal = tl.broadcast_to(reciprocal[None, :], [BLOCK_R, BLOCKS])
+        else:
+            scale, code, reciprocal = block_choice(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+                block_amax, encode, decode, amax, FOUR_OVER_SIX)
+            tl.store(scales_ptr + row.to(tl.int64)[:, None] * scale_cols + block[None, :], code.to(tl.uint8),
+                     mask=mask)
+        if STOCHASTIC:
+            w0, w1, w2, w3 = tl.randint4x(tl.load(seed_ptr), base_offsets)
+        else:
+            w0 = 0
+            w1 = 0
+            w2 = 0
+            w3 = 0
+        # Element j sits at base_offsets + j: quantize_store_4_rows with a row stride of 1.
+        quantize_store_4_rows(x0, x1, x2, x3, 0, reciprocal, scale, base_offsets, 1, mask,
+                              values_ptr, codes_ptr, w0, STOCHASTIC, WRITE_CODES)
+        quantize_store_4_rows(x4, x5, x6, x7, 4, reciprocal, scale, base_offsets, 1, mask,
+                              values_ptr, codes_ptr, w2, STOCHASTIC, WRITE_CODES)
+        quantize_store_4_rows(x8, x9, x10, x11, 8, reciprocal, scale, base_offsets, 1, mask,
+                              values_ptr, codes_ptr, w1, STOCHASTIC, WRITE_CODES)
+        quantize_store_4_rows(x12, x13, x14, x15, 12, reciprocal, scale, base_offsets, 1, mask,
+                              values_ptr, codes_ptr, w3, STOCHASTIC, WRITE_CODES)
+
+
 def _check(x: torch.Tensor, rows_multiple: int, what: str, name: Optional[str]) -> None:
     check_input(x, dtypes=KERNEL_INPUT_DTYPES, cols_multiple=16, rows_multiple=rows_multiple, what=what, name=name)
 
 
-def _global_scales_or_amax(x: torch.Tensor, *, rht: bool, given: Optional[torch.Tensor], options: Nvfp4Options):
+def _global_scales_or_amax(x: torch.Tensor, *, rht: bool, given: Optional[torch.Tensor], options: Nvfp4Options,
+                           four_over_six: bool = False):
     """(global_scales [2] fp32, amax) for a quantize kernel. Without RHT there is no finalize launch:
     ``amax`` is max |x| (``tensor_amax``, or ``given``) and the kernel derives [S_enc, S_dec]
     itself, writing them into the (uninitialized) ``global_scales``; with RHT ``global_scales`` is
     rht_global_scales' output (or ``given``) and ``amax`` is that same tensor (a placeholder the
-    kernel ignores)."""
+    kernel ignores). ``four_over_six``: the RHT scales from Four Over Six's bound (given ones must be)."""
     if given is not None and (given.dtype != torch.float32 or given.device != x.device
-                              or given.numel() < (2 if rht else 1)):
+                              or given.numel() < (4 if rht else 1)):
         raise ValueError(f"precomputed {'global scales' if rht else 'amax'} must be fp32 on {x.device} with "
-                         f"at least {2 if rht else 1} elements, got {given.dtype} {list(given.shape)} on {given.device}")
+                         f"at least {4 if rht else 1} elements, got {given.dtype} {list(given.shape)} on {given.device}")
     if rht:
-        global_scales = rht_global_scales(x, options=options) if given is None else given
+        global_scales = (rht_global_scales(x, four_over_six=four_over_six, options=options) if given is None
+                         else given)
         return global_scales, global_scales
     amax = tensor_amax(x, options=options) if given is None else given
     return torch.empty(2, dtype=torch.float32, device=x.device), amax
@@ -276,23 +378,34 @@ def quantize_rows(
     write_codes: bool = False,
     amax: Optional[torch.Tensor] = None,
     name: Optional[str] = None,
+    four_over_six: Optional[str] = None,
     options: Nvfp4Options = NVFP4_OPTIONS,
 ) -> KernelQuantized:
     """NVFP4 of a [rows, cols] CUDA tensor with 1x16 blocks along cols (or 16x16 tiles if two_d).
 
-    Equals ``quantize_rows_ref(x, two_d=two_d)`` for RNE. ``seed`` (int or 1-element tensor) or
-    ``generator`` seeds stochastic rounding; by default a seed is drawn from torch's global RNG on
-    x's device (no host sync). ``amax``: max |x| already taken (fp32, its first element; element 2
-    of ``rows_and_rht_columns_scales``), which skips the amax pass.
+    Equals ``quantize_rows_ref(x, two_d=two_d, four_over_six=four_over_six)`` for RNE. ``seed`` (int or
+    1-element tensor) or ``generator`` seeds stochastic rounding; by default a seed is drawn from
+    torch's global RNG on x's device (no host sync). ``amax``: max |x| already taken (fp32, its first
+    element; element 2 of ``rows_and_rht_columns_scales``), which skips the amax pass.
+    ``four_over_six``: None, or Four Over Six with this candidate error ("mse", "mae").
     """
     _check(x, 16 if two_d else 1, "nvfp4 quantize_rows", name)
     x = x.contiguous()
     rows, cols = x.shape
-    block_r, block_c, warps = options.two_d if two_d else options.rows_launch(cols)
     global_scales, amax = _global_scales_or_amax(x, rht=False, given=amax, options=options)
     scales_shape = (rows // 16, cols // 16) if two_d else (rows, cols // 16)
     values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes)
     seed = seed_tensor(x, seed, generator) if stochastic else global_scales
+    if four_over_six is not None:
+        block_r, block_c, warps = options.two_d_four_over_six if two_d else options.rows_four_over_six
+        grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols // 16, block_c // 16),)
+        _quantize_rows_four_over_six_kernel[grid](
+            x, values, codes, scales.view(torch.uint8), global_scales, amax, seed, rows, cols,
+            BLOCK_R=block_r, BLOCKS=block_c // 16, TWO_D=two_d, STOCHASTIC=stochastic, WRITE_CODES=write_codes,
+            FOUR_OVER_SIX=four_over_six_code(four_over_six), num_warps=warps, enable_fp_fusion=False,
+        )
+        return KernelQuantized(values, scales, global_scales[1:2], codes if write_codes else None)
+    block_r, block_c, warps = options.two_d if two_d else options.rows_launch(cols)
     grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
     _quantize_rows_kernel[grid](
         x, values, codes, scales.view(torch.uint8), global_scales, amax, seed, rows, cols,
@@ -313,14 +426,15 @@ def quantize_columns(
     write_codes: bool = False,
     global_scales: Optional[torch.Tensor] = None,
     name: Optional[str] = None,
+    four_over_six: Optional[str] = None,
     options: Nvfp4Options = NVFP4_OPTIONS,
 ) -> KernelQuantized:
     """NVFP4 of x [rows, cols] with 16x1 blocks along rows (dim 0), optionally after the RHT along rows.
 
-    Equals ``quantize_columns_ref(x, rht=rht)`` transposed back (RNE): outputs are in x's layout,
-    scales [rows / 16, cols]. ``global_scales`` (RHT only): [S_enc, S_dec, ...] already taken
-    (``rows_and_rht_columns_scales``), which skips the amax pass; the returned decode scale is then a
-    view of it.
+    Equals ``quantize_columns_ref(x, rht=rht, four_over_six=four_over_six)`` transposed back (RNE):
+    outputs are in x's layout, scales [rows / 16, cols]. ``global_scales`` (RHT only): [S_enc, S_dec,
+    -, amax] already taken (``rows_and_rht_columns_scales``, with the same ``four_over_six``), which
+    skips the amax pass; the returned decode scale is then a view of it.
     """
     if global_scales is not None and not rht:
         raise ValueError("nvfp4 quantize_columns takes precomputed global_scales with rht=True only")
@@ -328,7 +442,8 @@ def quantize_columns(
     x = x.contiguous()
     rows, cols = x.shape
     groups_per_program, block_c, warps = options.columns_stochastic if stochastic else options.columns
-    global_scales, amax = _global_scales_or_amax(x, rht=rht, given=global_scales, options=options)
+    global_scales, amax = _global_scales_or_amax(x, rht=rht, given=global_scales, options=options,
+                                                 four_over_six=four_over_six is not None)
     values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes)
     seed = seed_tensor(x, seed, generator) if stochastic else global_scales
     grid = (triton.cdiv(rows // 16, groups_per_program) * triton.cdiv(cols, block_c),)
@@ -336,7 +451,7 @@ def quantize_columns(
         x, values, codes, scales.view(torch.uint8), global_scales, amax, seed, rows // 16, cols,
         GROUPS=groups_per_program, BLOCK_C=block_c, RHT=rht, ROUND_BF16=bf16_rounding_mode(x, options.bf16_rounding),
         STOCHASTIC=stochastic, WRITE_CODES=write_codes, SCALES_FROM_AMAX=amax is not global_scales,
-        num_warps=warps, enable_fp_fusion=False,
+        FOUR_OVER_SIX=four_over_six_code(four_over_six), num_warps=warps, enable_fp_fusion=False,
     )
     return KernelQuantized(values, scales, global_scales[1:2], codes if write_codes else None)
 
@@ -348,7 +463,8 @@ def quantize_columns(
 
 def operand_supported(tensor: torch.Tensor, spec, transpose: bool) -> bool:
     """Whether the kernels quantize this operand (else the layer runs the torch reference)."""
-    if not (enabled() and tensor.is_cuda and tensor.dtype in KERNEL_INPUT_DTYPES and tensor.ndim == 2):
+    if not (enabled() and spec.fmt == "nvfp4" and tensor.is_cuda and tensor.dtype in KERNEL_INPUT_DTYPES
+            and tensor.ndim == 2):
         return False
     if spec.rht and not transpose:  # the kernels apply the RHT along dim 0 only (Wgrad's case)
         return False
@@ -367,7 +483,7 @@ def shared_scales(tensor: torch.Tensor, rows_spec, columns_spec) -> Optional[tor
         return None
     if not (operand_supported(tensor, rows_spec, False) and operand_supported(tensor, columns_spec, True)):
         return None
-    return rows_and_rht_columns_scales(tensor)
+    return rows_and_rht_columns_scales(tensor, four_over_six=columns_spec.four_over_six is not None)
 
 
 def quantize_operand(tensor: torch.Tensor, spec, *, transpose: bool, seed: Optional[torch.Tensor],
@@ -378,9 +494,9 @@ def quantize_operand(tensor: torch.Tensor, spec, *, transpose: bool, seed: Optio
     stochastic = spec.rounding == "stochastic"
     if transpose and spec.tile == (1, 16):
         out = quantize_columns(tensor, rht=spec.rht, stochastic=stochastic, seed=seed, generator=generator,
-                               out_dtype=out_dtype, global_scales=scales, name=name)
-    else:  # rows, or a 16x16 tiling, which is the same for the tensor and its transpose
+                               out_dtype=out_dtype, global_scales=scales, name=name, four_over_six=spec.four_over_six)
+    else:  # rows, or a 16x16 tiling of the tensor itself (the torch path does the same: OperandSpec.transpose_invariant)
         out = quantize_rows(tensor, two_d=spec.tile == (16, 16), stochastic=stochastic, seed=seed,
                             generator=generator, out_dtype=out_dtype, amax=None if scales is None else scales[2:],
-                            name=name)
+                            name=name, four_over_six=spec.four_over_six)
     return (out.values.t() if transpose else out.values), out.decode_scale.reshape(())

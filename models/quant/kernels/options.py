@@ -44,6 +44,11 @@ class Nvfp4Options:
     two_d: Launch = (16, 64, 2)
     """The 16x16 kernel (weights; tile rows must be 16): 83 us bf16 and 106 us fp32 against 140 and
     165 at 16 x 256 x 4."""
+    rows_four_over_six: Launch = (8, 256, 4)
+    """The Four Over Six rows kernel (1x16 blocks; tile cols a multiple of 16): one block per thread, as
+    TE's 4over6 kernel runs. Not yet timed."""
+    two_d_four_over_six: Launch = (16, 128, 4)
+    """The Four Over Six 16x16 kernel (tile rows must be 16): one block row per thread. Not yet timed."""
     columns: Launch = (4, 128, 8)
     """The 16x1 columns kernels, RNE: the fastest launch, or within 0.3% of it, with and without the
     RHT at 8192 x 5120 and 32768 x 1024."""
@@ -77,8 +82,12 @@ class Nvfp4Options:
         _check_launches(self)
         if self.bf16_rounding not in BF16_ROUNDINGS:
             raise ValueError(f"Nvfp4Options.bf16_rounding must be one of {BF16_ROUNDINGS}, got {self.bf16_rounding!r}")
-        if self.two_d[0] != 16:
-            raise ValueError(f"Nvfp4Options.two_d: the 16x16 kernel takes 16 tile rows, got {self.two_d}")
+        for name in ("two_d", "two_d_four_over_six"):
+            if getattr(self, name)[0] != 16:
+                raise ValueError(f"Nvfp4Options.{name}: the 16x16 kernels take 16 tile rows, got {getattr(self, name)}")
+        if self.rows_four_over_six[1] % 16:
+            raise ValueError(f"Nvfp4Options.rows_four_over_six: tile cols must be a multiple of 16, "
+                             f"got {self.rows_four_over_six}")
 
     def rows_launch(self, cols: int) -> Launch:
         """The 1x16 rows kernels' launch for a tensor ``cols`` wide."""

@@ -241,3 +241,93 @@ def mx_columns_uniforms(seed: int, rows: int, cols: int) -> torch.Tensor:
     position = ((r % np.uint64(16)) // np.uint64(4)).astype(np.int64)
     word = np.take_along_axis(words, position[None], axis=0)[0]
     return torch.from_numpy(_uniform_of_byte(word, r % np.uint64(4)))
+
+
+def four_over_six(x: np.ndarray, tile=(1, 16), error: str = "mse", uniform=None):
+    """Four Over Six by brute force: every block quantized with both candidate scales, the lower error kept.
+
+    TE's 4over6 arithmetic (quantize_4over6_nvfp4.cuh): S_enc = 1536 / amax (E4M3 bound 256),
+    base = (block_amax / 6) * S_enc, s4 = e4m3(base * 1.5), s6 = e4m3(base); candidate k rounds
+    x * r_k to E2M1 (RNE), its error sums d^2 (mse) or |d| (mae), d = ((q * s_k) * amax) / 1536 - x,
+    in fp32 along each row of the block from element 0, then (16x16 tiles) over the 16 row sums as the
+    warp reduction adds them (rows i and i + 8, then i and i + 4, ...). Map-to-4 wins only if strictly
+    lower. ``uniform``: round the chosen candidate stochastically with these draws (the choice is the
+    RNE one). Returns dict: scaled (q * s_b), codes (RNE only), s_b, decode, map_to_4 [R/tr, C/tc],
+    errors (4, 6).
+    """
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        amax = F32(np.max(np.abs(x)))
+        encode = min(F32(F32(1536.0) / amax), FLT_MAX)
+        if amax == 0 or encode == 0:
+            encode = F32(1.0)
+        decode = F32(F32(1.0) / encode)
+        blocked = blocks(x, tile).astype(F32)
+        block_amax = np.max(np.abs(blocked), axis=(1, 3), keepdims=True).astype(F32)
+        base = ((block_amax / F32(6.0)).astype(F32) * encode).astype(F32)
+        candidates = {}
+        for name, factor in (("4", F32(1.5)), ("6", F32(1.0))):
+            scale = e4m3_rne((base * factor).astype(F32))
+            reciprocal = np.minimum(F32(1.0) / (scale * decode), FLT_MAX).astype(F32)
+            v = (blocked * reciprocal).astype(F32)
+            q = e2m1_rne(v)
+            dequantized = ((((q * scale).astype(F32) * amax).astype(F32)) / F32(1536.0)).astype(F32)
+            d = (dequantized - blocked).astype(F32)
+            per_element = (d * d).astype(F32) if error == "mse" else np.abs(d)
+            row_sums = np.zeros(per_element.shape[:3] + (1,), dtype=F32)
+            for j in range(per_element.shape[3]):
+                row_sums = (row_sums + per_element[..., j:j + 1]).astype(F32)
+            while row_sums.shape[1] > 1:
+                half = row_sums.shape[1] // 2
+                row_sums = (row_sums[:, :half] + row_sums[:, half:]).astype(F32)
+            candidates[name] = (scale, reciprocal, v, q, row_sums)
+    map_to_4 = candidates["4"][4] < candidates["6"][4]
+    scale, reciprocal, v, q, _ = (np.where(map_to_4, a, b) for a, b in zip(candidates["4"], candidates["6"]))
+    codes = None
+    if uniform is None:
+        codes = e2m1_codes(v).reshape(x.shape)
+    else:
+        q = e2m1_stochastic(v, blocks(uniform, tile))
+    return {
+        "scaled": (q * scale).astype(F32).reshape(x.shape),
+        "codes": codes,
+        "s_b": scale[:, 0, :, 0],
+        "decode": decode,
+        "map_to_4": map_to_4[:, 0, :, 0],
+        "errors": (candidates["4"][4][:, 0, :, 0], candidates["6"][4][:, 0, :, 0]),
+    }
+
+
+def ue5m3_values() -> np.ndarray:
+    """The 255 finite UE5M3 values (float64, by code 0..254): code e m (e = code >> 3, m = code & 7) is
+    m * 2^-17 for e = 0, else 2^(e - 15) * (1 + m / 8); code 255 is NaN."""
+    codes = np.arange(255)
+    exponent, mantissa = codes >> 3, codes & 7
+    return np.where(exponent == 0, mantissa * 2.0**-17, 2.0 ** (exponent - 15.0) * (1 + mantissa / 8))
+
+
+def ue5m3_brute_force(values: np.ndarray) -> np.ndarray:
+    """UE5M3 RNE by search over every code: the nearest finite value (saturating), a tie to the even code."""
+    grid = ue5m3_values()
+    v = np.minimum(values.astype(np.float64).reshape(-1, 1), grid[-1])
+    distance = np.abs(v - grid[None, :])
+    nearest = distance == distance.min(axis=1, keepdims=True)
+    even = nearest & (np.arange(255) % 2 == 0)[None, :]
+    code = np.where(even.any(axis=1), even.argmax(axis=1), nearest.argmax(axis=1))
+    return grid[code].astype(F32).reshape(values.shape)
+
+
+def nvfp4_ue5m3(x: np.ndarray, tile=(1, 16)):
+    """nvfp4 with UE5M3 block scales: S_enc = 688128 / amax (114688 * 6), s_b = ue5m3(block_amax * (S_enc * (1/6)))."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        amax = F32(np.max(np.abs(x)))
+        encode = min(F32(F32(114688.0 * 6.0) / amax), FLT_MAX)
+        if amax == 0 or encode == 0:
+            encode = F32(1.0)
+        decode = F32(F32(1.0) / encode)
+        blocked = blocks(x, tile)
+        block_amax = np.max(np.abs(blocked), axis=(1, 3), keepdims=True).astype(F32)
+        scale = ue5m3_brute_force((block_amax * F32(encode * F32(1.0 / 6.0))).astype(F32))
+        reciprocal = np.minimum(F32(1.0) / (scale * decode), FLT_MAX).astype(F32)
+        q = e2m1_rne((blocked * reciprocal).astype(F32))
+    return {"scaled": (q * scale).astype(F32).reshape(x.shape), "s_b": scale[:, 0, :, 0], "decode": decode,
+            "codes": e2m1_codes((blocked * reciprocal).astype(F32)).reshape(x.shape)}

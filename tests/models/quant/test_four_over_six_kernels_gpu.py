@@ -1,0 +1,131 @@
+"""The NVFP4 Triton kernels with Four Over Six vs the torch reference (formats.four_over_six) on the GPU.
+
+Bit for bit: E2M1 codes, E4M3 block scales, scaled values and the decode scale, on fresh inputs of
+several scales and shapes (8192x5120 included), for both candidate errors, every launch configuration
+tried; stochastic rounding with the documented Philox draws. Run on the GPU machine:
+``pytest -m gpu tests/models/quant``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from models.quant.gemm_spec import nvfp4_linear_spec
+from models.quant.linear import QuantLinear
+
+import quant_oracles as oracle
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(16, 16), (80, 400), (256, 1024), (8192, 5120)]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    pytest.importorskip("triton")
+    from models.quant import kernels as package
+
+    package.use_triton(True)
+    assert package.enabled()
+    return package
+
+
+def _input(shape, scale, dtype):
+    return oracle.fresh_input(shape[0], shape[1], scale, torch.float32).to(dtype).cuda()
+
+
+def _same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    a, e = actual.float(), expected.float()
+    same = (a == e) | (a.isnan() & e.isnan())
+    assert same.all(), f"{what}: {(~same).sum().item()} of {same.numel()} differ"
+
+
+def _compare(out, reference, *, transposed: bool, what: str):
+    view = (lambda t: t.t()) if transposed else (lambda t: t)
+    _same(view(out.values), reference.scaled_values(out.values.dtype), f"{what} scaled values")
+    _same(view(out.block_scales.view(torch.uint8)), reference.block_scales.view(torch.uint8), f"{what} scales")
+    assert torch.equal(view(out.codes), reference.codes), f"{what} codes"
+    _same(out.decode_scale.reshape(()), reference.tensor_scale, f"{what} decode scale")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("error", ["mse", "mae"])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 3e3])
+def test_rows_2d_and_columns_equal_the_reference(kernels, shape, dtype, error, scale):
+    nvfp4 = kernels.nvfp4
+    x = _input(shape, scale, dtype)
+    _compare(nvfp4.quantize_rows(x, write_codes=True, four_over_six=error),
+             nvfp4.quantize_rows_ref(x, four_over_six=error), transposed=False, what="rows")
+    _compare(nvfp4.quantize_rows(x, two_d=True, write_codes=True, four_over_six=error),
+             nvfp4.quantize_rows_ref(x, two_d=True, four_over_six=error), transposed=False, what="2D")
+    for rht in (False, True):
+        _compare(nvfp4.quantize_columns(x, rht=rht, write_codes=True, four_over_six=error),
+                 nvfp4.quantize_columns_ref(x, rht=rht, four_over_six=error), transposed=True,
+                 what=f"columns rht={rht}")
+
+
+@pytest.mark.parametrize("launch", [(16, 256, 4), (4, 64, 2), (32, 512, 8)])
+def test_every_launch_gives_the_same_bits(kernels, launch):
+    nvfp4 = kernels.nvfp4
+    options = dataclasses.replace(kernels.options.NVFP4_OPTIONS, rows_four_over_six=launch,
+                                  two_d_four_over_six=(16, launch[1], launch[2]))
+    x = _input((256, 1152), 1.0, torch.bfloat16)
+    _compare(nvfp4.quantize_rows(x, write_codes=True, four_over_six="mse", options=options),
+             nvfp4.quantize_rows_ref(x, four_over_six="mse"), transposed=False, what=f"rows {launch}")
+    _compare(nvfp4.quantize_rows(x, two_d=True, write_codes=True, four_over_six="mse", options=options),
+             nvfp4.quantize_rows_ref(x, two_d=True, four_over_six="mse"), transposed=False, what=f"2D {launch}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_stochastic_rounding_with_the_documented_draws(kernels, dtype):
+    nvfp4 = kernels.nvfp4
+    rows, cols, seed = 256, 1024, 2**40 + 7
+    x = _input((rows, cols), 1.0, dtype)
+    _compare(nvfp4.quantize_rows(x, stochastic=True, seed=seed, write_codes=True, four_over_six="mse"),
+             nvfp4.quantize_rows_ref(x, four_over_six="mse", rounding="stochastic",
+                                     uniform=oracle.mx_rows_uniforms(seed, rows, cols).cuda()),
+             transposed=False, what="rows SR")
+    for rht in (False, True):
+        _compare(nvfp4.quantize_columns(x, rht=rht, stochastic=True, seed=seed, write_codes=True, four_over_six="mse"),
+                 nvfp4.quantize_columns_ref(x, rht=rht, four_over_six="mse", rounding="stochastic",
+                                            uniform=oracle.mx_columns_uniforms(seed, rows, cols).t().cuda()),
+                 transposed=True, what=f"columns rht={rht} SR")
+
+
+def test_shared_scales_equal_the_separate_passes(kernels):
+    nvfp4, amax = kernels.nvfp4, kernels.nvfp4_amax
+    x = _input((8192, 5120), 3.0, torch.bfloat16)
+    scales = amax.rows_and_rht_columns_scales(x, four_over_six=True)
+    separate = amax.rht_global_scales(x, four_over_six=True)
+    assert torch.equal(scales[[0, 1, 3]], separate[[0, 1, 3]]) and torch.equal(scales[2:3], amax.tensor_amax(x))
+    _compare(nvfp4.quantize_rows(x, amax=scales[2:], write_codes=True, four_over_six="mse"),
+             nvfp4.quantize_rows_ref(x, four_over_six="mse"), transposed=False, what="rows, shared")
+    _compare(nvfp4.quantize_columns(x, rht=True, global_scales=scales, write_codes=True, four_over_six="mse"),
+             nvfp4.quantize_columns_ref(x, rht=True, four_over_six="mse"), transposed=True, what="columns, shared")
+
+
+def test_layer_with_kernels_equals_the_torch_path(kernels):
+    """A QuantLinear of the full recipe + 4/6 (RNE, so that both paths draw nothing): Y, dX, dW equal."""
+    spec = nvfp4_linear_spec(stochastic_rounding=False, four_over_six=("x", "w", "dy"))
+    torch.manual_seed(0)
+    module = QuantLinear(1024, 512, bias=False, dtype=torch.bfloat16, spec=spec, name="layers.0.mixer.in_proj").cuda()
+    x = _input((2048, 1024), 1.0, torch.bfloat16)
+    dy = _input((2048, 512), 1e-2, torch.bfloat16)
+    results = []
+    try:
+        for use in (True, False):
+            kernels.use_triton(use)
+            xi = x.clone().requires_grad_(True)
+            module.weight.grad = None
+            y = module(xi)
+            y.backward(dy)
+            results.append((y.detach(), xi.grad, module.weight.grad.clone()))
+    finally:
+        kernels.use_triton(True)
+    for name, a, b in zip(("Y", "dX", "dW"), *results):
+        _same(a, b, name)
