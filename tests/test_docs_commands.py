@@ -17,7 +17,8 @@ by what it needs:
 - templates (`+experiment=<experiment>`) are not commands and are skipped.
 
 Scripts that write into the repository (study_report: docs/study.md, docs/images) write into
-the scratch directory instead.
+the scratch directory instead; the study scripts read the repository's study file; run_study runs
+only `--list` (the runs themselves need the GPU).
 
 A command no rule covers fails the test, so a new kind of command in the docs needs a rule.
 """
@@ -308,14 +309,16 @@ def _handle(command: Command, workspace, monkeypatch, index: int) -> str:
         for run in (a for a in arguments if not a.startswith("-") and not a.startswith("wandb:")):
             if "/" in run and not Path(run).exists() and not run.endswith(".png"):
                 _fake_run(Path(run))
+    if name in ("run_study", "study_report"):  # the study file is the repository's, named from its root
+        arguments = [str(ROOT / a) if not Path(a).exists() and (ROOT / a).is_file() else a for a in arguments]
+    if name == "run_study" and "--list" not in arguments:
+        _run_script(name, arguments, monkeypatch, parse_only=True)
+        return "parsed (GPU runs)"
     if name == "study_report":  # it rewrites docs/study.md and docs/images: a copy and a scratch folder instead
-        module = _load_script(name)
-        copy = workspace["root"] / "docs" / "study.md"  # the repository layout, rooted in the scratch folder
+        copy = workspace["root"] / "docs" / "study.md"
         copy.parent.mkdir(exist_ok=True)
-        copy.write_text(module.DOC.read_text())
-        monkeypatch.setattr(module, "REPOSITORY", workspace["root"])
-        monkeypatch.setattr(module, "DOC", copy)
-        arguments = arguments + ["--images", str(workspace["root"] / "docs" / "images")]
+        copy.write_text((ROOT / "docs" / "study.md").read_text())
+        arguments = arguments + ["--doc", str(copy), "--images", str(workspace["root"] / "docs" / "images")]
     if name == "bench_checkpoint_verify":  # 10 MB in the scratch folder instead of 3 GB in /tmp
         arguments = arguments + ["--gb", "0.01", "--dir", str(workspace["root"])]
     if name == "bench_loader":
