@@ -4,6 +4,8 @@ added as docs/data.md shows (one module, one entry) prepared end to end."""
 from __future__ import annotations
 
 import csv
+import dataclasses
+import inspect
 import re
 import sys
 import types
@@ -32,6 +34,27 @@ def test_every_kind_is_registered_under_its_own_name_and_documented():
         assert f"| `{name}` | `{name}.py` |" in doc, f"docs/data.md's table of kinds lacks {name!r}"
         module = sys.modules[f"data.sources.{name}"]
         assert module.KIND is kind  # one module per kind, its KIND the registered one
+
+
+INTERFACE = {"validate": ("source", "where"), "describe": ("source", "cfg"), "location": ("source",),
+             "read": ("source", "cfg"), "list_files": ("source",), "statistics": ("source", "cfg", "documents")}
+"""What SourceKind's docstrings promise each function is called with (by position)."""
+
+
+def test_every_registered_kind_implements_the_interface():
+    assert {field.name for field in dataclasses.fields(SourceKind)} == {"name", *INTERFACE}
+    where = "data.sources[0] ('s')"
+    for name, kind in SOURCE_KINDS.items():
+        for function_name, arguments in INTERFACE.items():
+            function = getattr(kind, function_name)
+            assert callable(function), f"kind {name!r}: {function_name} is not callable"
+            inspect.signature(function).bind(*arguments)  # TypeError if it cannot take these arguments
+        bare = SourceConfig(name="s", kind=name)  # only the fields every source has
+        try:
+            kind.validate(bare, where)
+        except ValueError as error:  # a kind that needs a setting names it, under `where`
+            assert str(error).startswith(where + ".") and f"kind={name!r}" in str(error), error
+        assert isinstance(kind.location(bare), str) and kind.location(bare)
 
 
 def test_an_unknown_kind_is_refused_naming_the_registered_kinds():
