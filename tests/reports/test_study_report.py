@@ -119,3 +119,48 @@ def test_compare_runs_takes_seed_groups_and_agrees_with_the_report(tmp_path):
     unequal = subprocess.run([*command[:2], groups[0], groups[1].rsplit(",", 1)[0], "--out", str(tmp_path / "x.png")],
                              cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
     assert unequal.returncode != 0 and "same number of runs" in unequal.stderr
+
+
+def test_the_size_axis_reports_each_sizes_gap_from_its_own_runs(tmp_path):
+    """Two sizes made from the committed 9m runs: the wider one's NVFP4 validation losses scaled by a
+    known factor per seed, so its paired gap is known exactly; the sizes table and figure follow."""
+    import shutil
+
+    import yaml
+
+    source = STUDY_FILE.parent / "9m"
+    factors = {0: 1.004, 1: 1.006, 2: 1.008}  # the wider size's NVFP4 / BF16 final losses, per seed
+    for size, hidden in (("small", 256), ("wide", 384)):
+        for arm in ("bf16", "nvfp4"):
+            for seed in (0, 1, 2):
+                target = tmp_path / size / arm / f"seed{seed}"
+                shutil.copytree(source / arm / f"seed{seed}", target)
+                config = yaml.safe_load((target / "config.yaml").read_text())
+                config["model"]["hidden_size"] = hidden
+                (target / "config.yaml").write_text(yaml.safe_dump(config))
+                if size == "wide":  # the same BF16 curve for both arms, NVFP4 scaled by its factor
+                    lines = [json.loads(line) for line in
+                             (source / "bf16" / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()]
+                    for line in lines:
+                        if arm == "nvfp4" and line.get("val_loss") is not None:
+                            line["val_loss"] *= factors[seed]
+                    (target / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({
+        "name": "sizes", "reference": "bf16", "seeds": [0, 1, 2], "seed_overrides": ["seed={seed}"],
+        "sizes": {"small": {"overrides": [], "arms": "all"}, "wide": {"overrides": ["model.hidden_size=384"],
+                                                                      "arms": "all"}},
+        "arms": {"bf16": {"experiment": "study_bf16", "overrides": []},
+                 "nvfp4": {"experiment": "study_nvfp4", "overrides": []}},
+    }, sort_keys=False))
+    results, texts = study_report(study, images=tmp_path / "images")
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in texts["sizes"].splitlines()[2:]}
+    assert list(rows) == ["small", "wide"]
+    small_parameters, wide_parameters = (float(rows[size][0].rstrip("M")) for size in ("small", "wide"))
+    assert wide_parameters > small_parameters
+    expected = scipy_interval([100 * (factor - 1) for factor in factors.values()])  # 0.6% [0.35, 0.85]
+    assert parse_interval(rows["wide"][4]) == pytest.approx(expected, abs=0.006)
+    committed = table_rows(DOC.read_text().split("<!-- study-9m-arms:begin -->")[1].split("<!-- study-")[0])
+    assert rows["small"][4] == committed["nvfp4"][5]  # the unchanged size keeps the committed gap
+    assert (tmp_path / "images" / "study_sizes.png").is_file()
