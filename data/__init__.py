@@ -10,11 +10,12 @@ See docs/data.md for the formats, the sampler and the resume rule.
 
 from __future__ import annotations
 
-from data.config import DataConfig, SourceConfig, validate_data_config
+from data.config import DataConfig, SourceConfig
 from data.errors import DataError
 from data.loader import PackedLoader, build_train_loader, build_validation_batches
 from data.prepare import ensure_prepared, prepare_source, prepared_directory
 from data.tokenizer import Tokenizer, build_tokenizer
+from data.validate import validate_data_config
 
 __all__ = [
     "DataConfig",

@@ -4,6 +4,7 @@ One `DataConfig` per run (Hydra group ``data``); it lists one or more `SourceCon
 mixed by weight. The dataclass defaults are the quickstart's: the built-in corpus (the Python
 standard library of the running interpreter) with a small byte-level BPE trained on it.
 Only types OmegaConf supports are used (str, int, float, bool, Optional, List of dataclasses).
+`validate_data_config` (data/validate.py) checks a config before any work starts.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-SOURCE_KINDS = ("builtin", "files", "tree", "hf")
 FILE_FORMATS = ("auto", "json", "parquet", "text")
 TEXT_SAMPLE_BY = ("document", "paragraph", "line")
 
@@ -23,7 +23,7 @@ class SourceConfig:
     name: str = "builtin"
     """Unique label: names the source's prepared directory, its entry in the loader state, and its logs."""
     kind: str = "builtin"
-    """'builtin' (stdlib sources of the running interpreter), 'files' (local jsonl/json/parquet/text), 'tree' (text files found by glob under directory trees, one document per file, deduplicated; data/text_tree.py), or 'hf' (a Hub dataset by name)."""
+    """A kind registered in data/sources/: 'builtin' (stdlib sources of the running interpreter), 'files' (local jsonl/json/parquet/text), 'tree' (text files found by glob under directory trees, one document per file, deduplicated), or 'hf' (a Hub dataset by name)."""
     path: Optional[str] = None
     """kind='files': one file, a directory (searched recursively, sorted), or a glob pattern."""
     file_format: str = "auto"
@@ -96,51 +96,3 @@ class DataConfig:
     max_document_chars: int = 4_000_000
     """Longest document preparation tokenizes, in characters; a longer one stops preparation naming it. Tokenizing
     one document holds about 200 bytes of memory per character (0.8 GB at this limit, 10 GB for 50 M)."""
-
-
-def validate_data_config(cfg: DataConfig) -> None:
-    """Raise a ValueError naming the first bad field of `cfg` (checked before any work starts)."""
-    if cfg.seq_len < 1:
-        raise ValueError(f"data.seq_len must be >= 1, got {cfg.seq_len}")
-    if not cfg.sources:
-        raise ValueError("data.sources is empty: list at least one source")
-    if not 0.0 <= cfg.validation_fraction < 1.0:
-        raise ValueError(f"data.validation_fraction must be in [0, 1), got {cfg.validation_fraction}")
-    if cfg.validation_batches < 0:
-        raise ValueError(f"data.validation_batches must be >= 0, got {cfg.validation_batches}")
-    if cfg.documents_per_shard < 1:
-        raise ValueError(f"data.documents_per_shard must be >= 1, got {cfg.documents_per_shard}")
-    if cfg.num_proc < 0:
-        raise ValueError(f"data.num_proc must be >= 0 (0 = one per core), got {cfg.num_proc}")
-    if cfg.builtin_vocab_size < 257:
-        raise ValueError(f"data.builtin_vocab_size must be >= 257 (256 bytes + EOS), got {cfg.builtin_vocab_size}")
-    if cfg.max_document_chars < 1:
-        raise ValueError(f"data.max_document_chars must be >= 1, got {cfg.max_document_chars}")
-    if cfg.builtin_corpus_mb <= 0:
-        raise ValueError(f"data.builtin_corpus_mb must be > 0, got {cfg.builtin_corpus_mb}")
-    names = [source.name for source in cfg.sources]
-    for index, source in enumerate(cfg.sources):
-        where = f"data.sources[{index}] ({source.name!r})"
-        if not source.name or "/" in source.name or source.name.startswith("."):
-            raise ValueError(f"{where}.name must be a non-empty file-name-safe label, got {source.name!r}")
-        if source.name in names[:index]:
-            raise ValueError(f"{where}.name is not unique: sources are {names}")
-        if source.kind not in SOURCE_KINDS:
-            raise ValueError(f"{where}.kind must be one of {SOURCE_KINDS}, got {source.kind!r}")
-        if source.kind == "files" and not source.path:
-            raise ValueError(f"{where}.path must be set for kind='files'")
-        if source.kind == "tree":
-            if not source.roots:
-                raise ValueError(f"{where}.roots must list at least one directory for kind='tree'")
-            if not source.include:
-                raise ValueError(f"{where}.include must list at least one file-name glob for kind='tree'")
-            if source.max_document_bytes < 1:
-                raise ValueError(f"{where}.max_document_bytes must be >= 1, got {source.max_document_bytes}")
-        if source.kind == "hf" and not source.hf_name:
-            raise ValueError(f"{where}.hf_name must be set for kind='hf'")
-        if source.file_format not in FILE_FORMATS:
-            raise ValueError(f"{where}.file_format must be one of {FILE_FORMATS}, got {source.file_format!r}")
-        if source.text_sample_by not in TEXT_SAMPLE_BY:
-            raise ValueError(f"{where}.text_sample_by must be one of {TEXT_SAMPLE_BY}, got {source.text_sample_by!r}")
-        if not source.weight > 0:
-            raise ValueError(f"{where}.weight must be > 0, got {source.weight}")

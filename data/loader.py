@@ -38,12 +38,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.config import DataConfig, validate_data_config
+from data.config import DataConfig
 from data.errors import DataError
 from data.permutation import FeistelPermutation
 from data.prepare import ensure_prepared
 from data.shards import TokenStream, open_split
 from data.tokenizer import build_tokenizer
+from data.validate import validate_data_config
 
 MIXING_BLOCK = 65536
 """Global samples per block of mixing choices."""

@@ -14,10 +14,10 @@ The source is processed in chunks of D = documents_per_shard documents. For chun
    rename, hash them, then write chunk-k.json. A chunk whose record exists and whose files still
    match their sha256 is not redone, so an interrupted run resumes where it stopped.
 
-Files that give no document: datasets reads a file by its content, and an all-NUL .txt is a
-valid (empty) tar archive to it, so it yields nothing. When a source of text files read one
-document per file holds fewer documents than files, the files datasets takes for archives are
-named in a warning and counted in the manifest's `source_statistics` (`files_without_documents`).
+The source is reached through its kind (data/sources/): `describe` goes into the settings and
+the manifest, `read` gives the documents, `statistics` what reading left out (the manifest's
+`source_statistics`: a tree's duplicates and oversize files, text files datasets read as
+archives), and `list_files` the files searched for the place of an undecodable byte.
 
 manifest.json is written last and marks the directory complete. `ensure_prepared` wraps this
 in a file lock (``<directory>.lock``), so concurrent processes (ranks) prepare a source once;
@@ -50,15 +50,15 @@ from data.shards import (
     atomic_write_bytes,
     atomic_write_json,
     check_tokenizer_matches,
-    file_sha256,
     is_validation_document,
     npy_bytes,
     read_json,
     read_manifest,
     shard_file_names,
 )
-from data.sources import describe_source, load_source, source_location, source_statistics
+from data.sources import source_kind
 from data.tokenizer import Tokenizer
+from fileio.hashing import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def preparation_settings(cfg: DataConfig, source: SourceConfig, tokenizer: Token
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "name": source.name,
-        "source": describe_source(source, cfg),
+        "source": source_kind(source.kind).describe(source, cfg),
         "tokenizer": tokenizer.identity,
         "validation_fraction": cfg.validation_fraction,
         "documents_per_shard": cfg.documents_per_shard,
@@ -91,6 +91,11 @@ def prepared_directory(cfg: DataConfig, source: SourceConfig, tokenizer: Tokeniz
     settings = preparation_settings(cfg, source, tokenizer)
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cfg.cache_dir).expanduser() / "prepared" / f"{source.name}-{key}"
+
+
+def _where(source: SourceConfig) -> str:
+    """The source as error messages name it: "source 'web' (files at /data/web)"."""
+    return f"source {source.name!r} ({source_kind(source.kind).location(source)})"
 
 
 def _chunk_record_path(directory: Path, chunk: int) -> Path:
@@ -237,7 +242,7 @@ def _tokenize_indexed(
             "tokenizer": tokenizer,
             "text_field": source.text_field,
             "first_document": first,
-            "where": f"source {source.name!r} ({source_location(source)})",
+            "where": _where(source),
             "skip_undecodable": skip_undecodable,
             "max_document_chars": max_document_chars,
         },
@@ -259,7 +264,7 @@ def _tokenize_indexed(
 def _tokenize_texts(texts: list, *, tokenizer: Tokenizer, source: SourceConfig, first_document: int,
                     skip_undecodable: bool = False, max_document_chars: int | None = None):
     """Like _tokenize_indexed for a list of texts (a streaming source's chunk)."""
-    where = f"source {source.name!r} ({source_location(source)})"
+    where = _where(source)
     pieces, skipped = [], []
     for start in range(0, len(texts), 4096):
         batch = texts[start : start + 4096]
@@ -354,6 +359,7 @@ def prepare_source(
     progress: bool = True,
 ) -> dict:
     """Prepare (or finish preparing) one source into `directory`; returns its manifest. Not locked: see ensure_prepared."""
+    kind = source_kind(source.kind)
     settings = preparation_settings(cfg, source, tokenizer)
     directory = Path(directory) if directory is not None else prepared_directory(cfg, source, tokenizer)
     directory.mkdir(parents=True, exist_ok=True)
@@ -371,7 +377,7 @@ def prepare_source(
     num_proc = cfg.num_proc or os.cpu_count() or 1
     started = time.perf_counter()
     with _datasets_progress(progress):
-        dataset = load_source(source, cfg)
+        dataset = kind.read(source, cfg)
         try:
             if source.streaming:
                 records = _prepare_streaming(dataset, directory, cfg, source, tokenizer, progress)
@@ -380,45 +386,19 @@ def prepare_source(
         except Exception as error:  # json bytes reach Python (and fail to decode) only at tokenization
             if isinstance(error, DataError) or not is_decode_failure(error):
                 raise
-            from data.sources import resolve_data_files  # only on this failure path
-
-            files = resolve_data_files(source)[0] if source.kind == "files" else []
-            raise DataError(undecodable_message(f"source {source.name!r} ({source_location(source)})", files,
-                                                error)) from error
+            raise DataError(undecodable_message(_where(source), kind.list_files(source), error)) from error
     if sum(record["documents"] for record in records) == 0:
-        raise DataError(f"source {source.name!r} ({source_location(source)}) holds no documents")
+        raise DataError(f"{_where(source)} holds no documents")
     manifest = _assemble_manifest(
         source.name, settings["source"], tokenizer.identity, cfg.validation_fraction, cfg.documents_per_shard,
         records, time.perf_counter() - started,
     )
-    statistics = source_statistics(source, cfg) or _files_without_documents(source, manifest["documents"])
-    if statistics is not None:  # what reading kept and left out (duplicates, oversize, undecodable files)
+    statistics = kind.statistics(source, cfg, manifest["documents"])
+    if statistics is not None:  # what reading kept and left out (duplicates, oversize, undecodable or archive files)
         manifest["source_statistics"] = statistics
     atomic_write_json(directory / "manifest.json", manifest)
     log.info("prepared %s into %s: %s", source.name, directory, manifest["splits"])
     return manifest
-
-
-def _files_without_documents(source: SourceConfig, documents: int) -> dict | None:
-    """Text files read one document per file that gave no document (see the module docstring), or None."""
-    if source.kind != "files" or source.text_sample_by != "document":
-        return None
-    from data.sources import is_saved_dataset, resolve_data_files  # the files datasets was given
-
-    if is_saved_dataset(Path(os.path.expanduser(source.path or ""))):
-        return None
-    files, file_format = resolve_data_files(source)
-    if file_format != "text" or documents >= len(files):
-        return None
-    from datasets.utils.extract import Extractor
-
-    archives = [str(path) for path in files if not path.name.lower().endswith(".gz")
-                and Extractor.infer_extractor_format(str(path))]
-    log.warning("source %r: %d text files gave %d documents; datasets reads %s as archives (by their bytes: an "
-                "all-NUL file is an empty tar) and finds no text in them: left out, counted in the manifest's "
-                "source_statistics", source.name, len(files), documents, archives or "some files")
-    return {"files": len(files), "documents": documents, "files_without_documents": len(files) - documents,
-            "read_as_archives": archives}
 
 
 def _assemble_manifest(

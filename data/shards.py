@@ -49,6 +49,7 @@ import numpy as np
 
 from data.errors import DataError
 from data.permutation import unit_hash
+from fileio.hashing import file_sha256
 
 FORMAT_NAME = "hybrid-nvfp4-token-shards"
 FORMAT_VERSION = 1
@@ -66,15 +67,6 @@ def is_validation_document(document_indices: np.ndarray, fraction: float) -> np.
 def shard_file_names(split: str, chunk: int) -> tuple[str, str]:
     """(tokens .bin, document index .idx.npy) file names of one split of one chunk."""
     return f"{split}-{chunk:05d}.bin", f"{split}-{chunk:05d}.idx.npy"
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, read in 8 MB blocks (hashlib releases the GIL, so threads run in parallel)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def atomic_write_bytes(path: Path, payload: bytes | memoryview) -> None:

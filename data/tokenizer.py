@@ -30,9 +30,9 @@ import tokenizers
 from filelock import FileLock
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from data.builtin import load_builtin_corpus
 from data.config import DataConfig
 from data.errors import DataError
+from data.sources.builtin import load_builtin_corpus
 
 log = logging.getLogger(__name__)
 

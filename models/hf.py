@@ -142,7 +142,7 @@ def export_hf(
     """Write ``model`` as a Hugging Face NemotronH directory (config.json + safetensors); return its path.
 
     ``dtype`` casts the weights (default: as they are). ``tokenizer`` (a transformers tokenizer,
-    e.g. ``data.hf_tokenizer.to_transformers(...)``) is saved beside them (tokenizer.json,
+    e.g. ``trainer.hf.tokenizer.to_transformers(...)``) is saved beside them (tokenizer.json,
     tokenizer_config.json) and its special-token ids go into config.json and
     generation_config.json, so ``generate()`` stops on its EOS. Without one the ids are left
     unset (null) rather than NemotronHConfig's defaults, which name arbitrary tokens of another

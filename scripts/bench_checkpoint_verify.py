@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from trainer import integrity
+from trainer.checkpoint import integrity
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ EOS that ended every training document. The tokenizer is the one the checkpoint 
 and sha256); `--tokenizer` points at a copy of it when that path is gone (it must hash the
 same). OUT_DIR must be new or empty: stale files of an earlier export would be read with the
 new ones; `--overwrite` empties it first (a directory of files only). The work is
-trainer.hf_export.export_checkpoint (checkpoint.export_hf_at_end does the same at the end of a run).
+trainer.hf.export.export_checkpoint (checkpoint.export_hf_at_end does the same at the end of a run).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainer.hf_export import DTYPES, export_checkpoint
+from trainer.hf.export import DTYPES, export_checkpoint
 
 
 def main(argv=None) -> int:

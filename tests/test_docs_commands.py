@@ -109,7 +109,7 @@ ALL_COMMANDS = [command for document in DOCUMENTS for command in extract_command
 def workspace(tmp_path_factory):
     """A scratch working directory and the stand-ins for the docs' placeholder paths."""
     from data import DataConfig, build_tokenizer
-    from data.hf_tokenizer import to_transformers
+    from trainer.hf.tokenizer import to_transformers
 
     root = tmp_path_factory.mktemp("docs")
     cache = root / "cache"
@@ -136,9 +136,9 @@ def _nemotron_h_directory(path: Path, tokenizer) -> None:
     import torch
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
-    from data.hf_tokenizer import to_transformers
     from models.config import load_model_config
     from models.hf import hf_config_kwargs
+    from trainer.hf.tokenizer import to_transformers
 
     torch.manual_seed(0)
     config = NemotronHConfig(**hf_config_kwargs(load_model_config("tiny", vocab_size=tokenizer.vocab_size)))

@@ -4,7 +4,7 @@ Each install goes into a throwaway virtual environment layered on this one (a .p
 this interpreter's site-packages, so torch & co. are not installed again: seconds, no network).
 Only plain path lines are added, so an editable install of the checkout in the outer
 environment (CI's `pip install -e .`) is not visible inside. The quickstart then runs from an
-empty directory and from one holding empty data/, models/, trainer/ and configs/ folders,
+empty directory and from one holding empty data/, models/, trainer/, fileio/ and configs/ folders,
 which Python would import as namespace packages if they came first.
 """
 
@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ["-m", "trainer", "+experiment=quickstart", "train.steps=3"]
-SHADOWING_FOLDERS = ("data", "models", "trainer", "configs")
+SHADOWING_FOLDERS = ("data", "models", "trainer", "fileio", "configs")
 NOT_SOURCE = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist", "outputs", "runs", "wandb",
                                     ".pytest_cache", ".venv", ".whl", ".te", "*.pyc")
 
@@ -112,6 +112,8 @@ def test_wheel_holds_the_configs_and_the_packages(source, tmp_path):
     shipped = {f"configs/{p.relative_to(ROOT / 'configs').as_posix()}" for p in (ROOT / "configs").rglob("*.yaml")}
     assert shipped and shipped <= names, sorted(shipped - names)
     assert {"trainer/__main__.py", "data/__init__.py", "models/__init__.py", "models/quant/linear.py"} <= names
+    assert {"data/sources/kind.py", "trainer/checkpoint/checkpointer.py", "trainer/hf/export.py",
+            "fileio/hashing.py"} <= names  # the subpackages too
     assert not any(name.startswith(("tests/", "scripts/", "docs/")) for name in names)
 
 

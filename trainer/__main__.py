@@ -99,7 +99,7 @@ def main(dict_cfg: DictConfig) -> None:
 
 def user_errors() -> tuple:
     """The exceptions that are the user's to fix: reported in one message, exit status 2."""
-    from trainer.checkpoint import CheckpointError
+    from trainer.checkpoint.errors import CheckpointError
     from trainer.preflight import PreflightError
 
     # FileNotFoundError: a path the user gave (checkpoint.resume, init_from_hf, a tokenizer) that is not there.

@@ -29,7 +29,7 @@ class CheckpointedState:
     `nested` components are stored under their name ({"data": loader.state_dict(), ...});
     `flat` ones merge their keys into the top level ("step", "tokens", "skipped_batches");
     `records` are constants of the run, written for readers (seed, model config, tokenizer).
-    The top-level layout is trainer_state.json's, unchanged; trainer/checkpoint.py adds world
+    The top-level layout is trainer_state.json's, unchanged; trainer/checkpoint/checkpointer.py adds world
     size, model config, precision backend and parameter layout when it saves.
     """
 

@@ -4,7 +4,7 @@ Order of construction (docs/ARCHITECTURE.md): model on the meta device -> materi
 seed -> precision conversion -> activation checkpointing -> compile -> FSDP2 -> optimizer ->
 data -> resume. Each step is one sequence of calls in `_train`: the forward and backward are
 `train_step`; every side effect is a component that owns its timing (trainer/components.py:
-`StepLog` logs and evaluates, `BatchSkipper`; trainer/checkpoint.py: `Checkpointer.maybe_save`;
+`StepLog` logs and evaluates, `BatchSkipper`; trainer/checkpoint/checkpointer.py: `Checkpointer.maybe_save`;
 trainer/guards.py: `StepGuard`, `PreemptionFlag`) or a callback (trainer/callbacks.py: the
 precision runtime, quantization diagnostics, and the caller's). A checkpoint's trainer state is
 assembled from named components (`CheckpointedState`).
@@ -31,7 +31,9 @@ from trainer.callbacks import (
     TrainState,
     call,
 )
-from trainer.checkpoint import Checkpointer, read_trainer_state
+from trainer.checkpoint.checkpointer import Checkpointer
+from trainer.checkpoint.layout import read_trainer_state
+from trainer.checkpoint.resume_changes import check_steps_left, resume_events, start_record_names
 from trainer.components import (
     BatchSkipper,
     CheckpointedState,
@@ -53,12 +55,11 @@ from trainer.distributed import (
 from trainer.guards import OOM_ADVICE, NonFiniteHalt, PreemptionFlag, StepGuard, stop_after_failure
 from trainer.hardware import bf16_peak_flops
 from trainer.heartbeat import raise_if_collective_timeout
-from trainer.hf_init import adopt_hf_architecture, load_hf_weights
+from trainer.hf.load import adopt_hf_architecture, load_hf_weights
 from trainer.metrics import MetricsLogger
 from trainer.optim import build_optimizer, lr_at, set_lr
 from trainer.preflight import PlanCheck, preflight
 from trainer.quant_report import QuantDiagnostics
-from trainer.resume_changes import check_steps_left, resume_events, start_record_names
 from trainer.run_info import write_run_description
 from trainer.run_lock import DEFAULT_RUN_DIR, hold_run_directory
 from trainer.validate import ConfigError, check_data_requirement, validate_train_config
@@ -278,7 +279,7 @@ def _halt_message(guard: StepGuard, cfg: TrainConfig, step: int, streak: list[in
 
 def _export_hf(model, cfg: TrainConfig, tokenizer, env: DistEnv, run_dir: Path, logger: MetricsLogger,
                step: int) -> None:
-    from trainer.hf_export import export_at_end
+    from trainer.hf.export import export_at_end
 
     exported = export_at_end(model, cfg, tokenizer, env, Path(cfg.checkpoint.export_hf_dir or run_dir / "hf"))
     if exported is not None:

@@ -28,8 +28,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
+from fileio.oserrors import explain_write_failure
 from trainer.config import TrainConfig
-from trainer.oserrors import explain_write_failure
 from trainer.wandb_report import comparison_group
 
 W_AND_B_KEYS = {"tokens": "tokens", "val_loss": "val/loss"}

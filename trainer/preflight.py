@@ -66,7 +66,7 @@ def preflight(cfg: TrainConfig) -> Optional[RunPlan]:
         return None
     model = cfg.model
     if cfg.checkpoint.init_from_hf:  # the directory's config.json sets the architecture
-        from trainer.hf_init import adopt_hf_architecture
+        from trainer.hf.load import adopt_hf_architecture
 
         model, _ = adopt_hf_architecture(cfg.model, cfg.checkpoint.init_from_hf)
     spec, world, local_world = devices_seen(cfg)

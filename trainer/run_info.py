@@ -13,7 +13,7 @@
 
 `precision_plan.txt` (loop.py) completes the picture. A restart with the same run_dir keeps
 both files and writes its own beside them, config.resume-<step>.yaml and
-run_info.resume-<step>.json (trainer/resume_changes.py: `start_record_names`); events.jsonl
+run_info.resume-<step>.json (trainer/checkpoint/resume_changes.py: `start_record_names`); events.jsonl
 records each resume and what changed.
 """
 

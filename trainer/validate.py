@@ -138,7 +138,7 @@ def _validate_parallel(cfg: TrainConfig) -> None:
 
 def _validate_components(cfg: TrainConfig) -> None:
     """The component configs' own validators (their messages name their fields)."""
-    from data.config import validate_data_config
+    from data.validate import validate_data_config
     from models.quant.recipe import validate_config as validate_precision_config
 
     try:

@@ -13,7 +13,7 @@ import torch
 
 import data.tokenizer as tokenizer_module
 from data import DataConfig, DataError, build_tokenizer, build_train_loader, build_validation_batches
-from data.builtin import EXCLUDED_DIRECTORIES, load_builtin_corpus
+from data.sources.builtin import EXCLUDED_DIRECTORIES, load_builtin_corpus
 from data.shards import is_validation_document
 from data_testing import SMALL_CORPUS_MB, SMALL_VOCAB, builtin_config, shared_builtin_cache
 

@@ -1,8 +1,15 @@
-"""Fixtures of the trainer tests."""
+"""Fixtures of the trainer tests; `trainer_testing` importable from the subfolders too."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 
 @pytest.fixture(scope="session")

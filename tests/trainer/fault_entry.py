@@ -48,7 +48,7 @@ def main() -> None:
     signals_during_save = _take_option(arguments, "signals-during-save", _fields)
     sys.argv = [sys.argv[0], *arguments]  # what is left is the trainer's (Hydra reads sys.argv)
 
-    import trainer.checkpoint
+    import trainer.checkpoint.checkpointer
     import trainer.loop
     from trainer.callbacks import Callback
 
@@ -86,7 +86,7 @@ def main() -> None:
                     os.kill(os.getpid(), signals_during_save[1])
                     time.sleep(0.05)  # each signal is handled before the next (pending ones would merge)
 
-        trainer.checkpoint.Checkpointer.on_shards_written = on_shards_written
+        trainer.checkpoint.checkpointer.Checkpointer.on_shards_written = on_shards_written
 
     if kill_on_second_commit is not None:
         renames = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.checkpoint import read_trainer_state
+from trainer.checkpoint.layout import read_trainer_state
 from trainer.guards import NonFiniteHalt
 from trainer.loop import Callback, train
 from trainer_testing import compose_train_config, losses_by_step, read_jsonl, tiny_overrides

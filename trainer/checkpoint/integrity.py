@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List
 
-from data.shards import file_sha256
+from fileio.hashing import file_sha256
 
 MANIFEST_NAME = "integrity.json"
 ALGORITHM = "sha256"

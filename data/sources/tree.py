@@ -1,4 +1,4 @@
-"""A corpus of text files found by glob under directory trees: one document per file, deduplicated.
+"""Kind `tree`: text files found by glob under directory trees, one document per file, deduplicated.
 
 For real text with no download: the interpreter's standard library and site-packages hold
 hundreds of MB of code and documentation (``.py``, ``.md``, ``.rst``, ``.txt``) on any machine
@@ -36,9 +36,12 @@ import os
 import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
+from data.config import DataConfig, SourceConfig
 from data.errors import DataError
+from data.sources.kind import SourceKind
 
 SYSCONFIG_PREFIX = "sysconfig:"
 READ_THREADS = 16
@@ -206,3 +209,53 @@ def read_tree(files: list[TreeFile], max_document_bytes: int, skip_undecodable: 
         "kept_by_extension": {suffix: {"files": n, "bytes": b} for suffix, (n, b) in sorted(by_extension.items())},
     }
     return corpus
+
+
+def _listing(source: SourceConfig) -> tuple[TreeFile, ...]:
+    return tuple(list_tree_files(source.roots, source.include, source.exclude, f"source {source.name!r}"))
+
+
+@lru_cache(maxsize=2)
+def _read_cached(files: tuple[TreeFile, ...], max_document_bytes: int, skip_undecodable: bool,
+                 where: str) -> TreeCorpus:
+    # The listing is the key and holds each file's size and mtime: an edited file is read again.
+    return read_tree(list(files), max_document_bytes, skip_undecodable, where)
+
+
+def _read_source(source: SourceConfig) -> TreeCorpus:
+    return _read_cached(_listing(source), source.max_document_bytes, source.skip_undecodable, f"source {source.name!r}")
+
+
+def validate(source: SourceConfig, where: str) -> None:
+    if not source.roots:
+        raise ValueError(f"{where}.roots must list at least one directory for kind='tree'")
+    if not source.include:
+        raise ValueError(f"{where}.include must list at least one file-name glob for kind='tree'")
+    if source.max_document_bytes < 1:
+        raise ValueError(f"{where}.max_document_bytes must be >= 1, got {source.max_document_bytes}")
+
+
+def describe(source: SourceConfig, cfg: DataConfig) -> dict:
+    description = describe_tree(list(_listing(source)), source.roots, source.include, source.exclude,
+                                source.max_document_bytes, source.skip_undecodable, f"source {source.name!r}")
+    return {**description, "text_field": source.text_field}
+
+
+def location(source: SourceConfig) -> str:
+    return f"text files {source.include} under {source.roots}"
+
+
+def read(source: SourceConfig, cfg: DataConfig):
+    import datasets
+
+    tree = _read_source(source)
+    dataset = datasets.Dataset.from_dict({source.text_field: tree.texts, "path": tree.paths})
+    return dataset.to_iterable_dataset() if source.streaming else dataset
+
+
+def statistics(source: SourceConfig, cfg: DataConfig, documents: int) -> dict:
+    return _read_source(source).statistics
+
+
+KIND = SourceKind(name="tree", validate=validate, describe=describe, location=location, read=read,
+                  statistics=statistics)

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from trainer.integrity import MANIFEST_NAME, verify_directory
+from trainer.checkpoint.integrity import MANIFEST_NAME, verify_directory
 from trainer_testing import launch_ranks, losses_by_step, read_jsonl, run_cli, tiny_overrides
 
 ARGS = ["checkpoint.every=2", "checkpoint.keep=0", "optim.schedule=constant"]

@@ -8,7 +8,7 @@ import torch
 
 from trainer.loop import train
 from scripts_testing import run_script
-from trainer.hf_export import load_checkpoint_model
+from trainer.hf.export import load_checkpoint_model
 from trainer_testing import compose_train_config, tiny_overrides
 
 

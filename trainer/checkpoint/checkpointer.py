@@ -6,14 +6,16 @@ On disk, one directory per checkpoint:
       .metadata, __*_*.distcp   DCP: model and optimizer state, sharded as the run was
       trainer_state.json        step, tokens, data-loader position, guard counters, world size,
                                 optimizer step count, model config, precision backend, parameter
-                                layout, tokenizer, corpus and resolved config (trainer/resume_changes.py)
+                                layout, tokenizer, corpus and resolved config (resume_changes.py)
       rng_rank{r}.json          each rank's RNG states (python, numpy, torch CPU and CUDA) as JSON
-                                (trainer/checkpoint_rng.py)
-      integrity.json            size and sha256 of every file above (trainer/integrity.py)
+                                (rng.py)
+      integrity.json            size and sha256 of every file above (integrity.py)
   <dir>/.tmp_step_00000200/     a save in progress (ignored by resume, removed by the next save)
   <dir>/corrupt_step_00000300/  a checkpoint that failed verification, set aside (never deleted)
   <dir>/superseded_step_00000400/  a checkpoint newer than the one a run resumed from, or of the same
                                 step as a new save from another history, set aside (never deleted)
+
+(names, listing and trainer_state.json: layout.py; the exceptions: errors.py)
 
 Atomicity: every rank writes into the `.tmp_` directory; after a barrier rank 0 writes
 trainer_state.json, the ranks hash the files (each its share), rank 0 writes integrity.json
@@ -22,15 +24,16 @@ killed mid-save leaves only a `.tmp_` directory, so the next start resumes from 
 complete checkpoint. A step is saved once (a stop in a step just saved does not save it again),
 and a committed checkpoint is never deleted to make room for a new one: one of the same step is
 set aside first. A save that fails (disk full, permission denied) stops the run with the reason
-and the path, after removing its `.tmp_` directory; the previous checkpoints are untouched.
+and the path (fileio/oserrors.py), after removing its `.tmp_` directory; the previous
+checkpoints are untouched.
 
 Resume (`select_resume`, then `load`): the newest checkpoint is verified against its
 integrity.json before anything of it is read (DCP's `.metadata` is a pickle, so this comes
 first); a corrupt or incomplete one is reported by path and, with checkpoint.on_corrupt=fallback,
 set aside as corrupt_step_N while the run resumes from the newest intact one. Then the recorded
-model is compared with the run's (trainer/compat.py): a mismatch stops before anything is loaded
+model is compared with the run's (compatibility.py): a mismatch stops before anything is loaded
 or pruned, unless checkpoint.allow_model_change; so do another tokenizer or corpus
-(trainer/resume_changes.py) unless allowed. After loading, the optimizer's update count must be
+(resume_changes.py) unless allowed. After loading, the optimizer's update count must be
 the recorded one (files of two saves are refused). Nothing here is unpickled: trainer state and
 RNG states are JSON. DCP checkpoints are trusted input all the same (docs/reliability.md).
 
@@ -57,7 +60,6 @@ restored when the world size matches and re-seeded from (seed, step, rank) other
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -75,83 +77,26 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from trainer import compat, integrity, resume_changes
-from trainer.checkpoint_rng import read_rng_state, rng_state, seed_all, set_rng_state
+from fileio.oserrors import explain_write_failure
+from trainer.checkpoint import compatibility, integrity, resume_changes
+from trainer.checkpoint.errors import CheckpointSaveError, CorruptCheckpoint, IncompatibleCheckpoint
+from trainer.checkpoint.layout import (
+    CORRUPT_PREFIX,
+    STATE_FILE,
+    SUPERSEDED_PREFIX,
+    TMP_PREFIX,
+    checkpoint_name,
+    fsync_directory,
+    list_checkpoints,
+    move_aside,
+    read_trainer_state,
+    step_directories,
+    step_of,
+    write_json,
+)
+from trainer.checkpoint.rng import read_rng_state, rng_state, seed_all, set_rng_state
 from trainer.config import CheckpointConfig
 from trainer.distributed import DistEnv, all_gather_object, barrier, broadcast_object, process_group_timeout_s
-from trainer.oserrors import explain_write_failure
-
-_PREFIX = "step_"
-_TMP_PREFIX = ".tmp_step_"
-CORRUPT_PREFIX = "corrupt_"
-SUPERSEDED_PREFIX = "superseded_"
-STATE_FILE = "trainer_state.json"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be saved or used; the message names its path and the reason."""
-
-
-class CorruptCheckpoint(CheckpointError):
-    """A checkpoint's files do not match what was written (or cannot be parsed)."""
-
-
-class IncompatibleCheckpoint(CheckpointError):
-    """A checkpoint holds another model than the run's."""
-
-
-class CheckpointSaveError(CheckpointError):
-    """A save failed; its partial directory was removed and older checkpoints are intact."""
-
-
-def checkpoint_name(step: int) -> str:
-    return f"{_PREFIX}{step:08d}"
-
-
-def _step_of(path: Path) -> int:
-    return int(path.name[len(_PREFIX):])
-
-
-def is_complete(path: Path) -> bool:
-    return path.is_dir() and (path / ".metadata").exists() and (path / STATE_FILE).exists()
-
-
-def _candidates(directory: Path) -> list:
-    """Every step_N directory, complete or not, oldest first."""
-    if not directory.is_dir():
-        return []
-    found = [p for p in directory.iterdir()
-             if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX):].isdigit()]
-    return sorted(found, key=_step_of)
-
-
-def list_checkpoints(directory: Path) -> list:
-    """Complete checkpoints, oldest first."""
-    return [p for p in _candidates(directory) if is_complete(p)]
-
-
-def read_trainer_state(path: Path) -> dict:
-    """trainer_state.json of a checkpoint, as JSON (never unpickled); errors name the file."""
-    file = Path(path) / STATE_FILE
-    try:
-        state = json.loads(file.read_text())
-        if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-            raise ValueError("not a JSON object with an integer 'step'")
-        return state
-    except (OSError, ValueError, UnicodeDecodeError) as error:
-        raise CorruptCheckpoint(f"cannot read {file}: {type(error).__name__}: {error}") from error
-
-
-def _set_aside(path: Path, prefix: str) -> Path:
-    """Rename a checkpoint out of the way (never delete it): <prefix><name>, -2, -3... if taken."""
-    target = path.with_name(prefix + path.name)
-    number = 2
-    while target.exists():
-        target = path.with_name(f"{prefix}{path.name}-{number}")
-        number += 1
-    os.rename(path, target)
-    return target
-
 
 def _warn(message: str) -> None:
     print(f"checkpoint: {message}", file=sys.stderr, flush=True)
@@ -214,7 +159,7 @@ class Checkpointer:
             if problems:
                 raise CorruptCheckpoint(_corrupt_message(path, problems) + "; not resuming from it")
             return path
-        candidates = broadcast_object(_candidates(self.dir)[::-1] if self.env.is_main else None)
+        candidates = broadcast_object(step_directories(self.dir)[::-1] if self.env.is_main else None)
         rejected = []
         for path in candidates:
             problems = self.verify(path)
@@ -241,7 +186,7 @@ class Checkpointer:
     def _set_aside_corrupt(self, rejected: list) -> None:
         if self.env.is_main:
             for path, message in rejected:
-                moved = _set_aside(path, CORRUPT_PREFIX)
+                moved = move_aside(path, CORRUPT_PREFIX)
                 _warn(f"moved {path} to {moved}")
                 self.set_aside.append((str(moved), message))
         barrier()
@@ -250,9 +195,9 @@ class Checkpointer:
         """Checkpoints of this directory beyond the resumed step belong to an abandoned history
         (a resume from an older checkpoint): move them aside so that resume=auto never returns to them."""
         if self.env.is_main:
-            for path in _candidates(self.dir):
-                if _step_of(path) > step:
-                    moved = _set_aside(path, SUPERSEDED_PREFIX)
+            for path in step_directories(self.dir):
+                if step_of(path) > step:
+                    moved = move_aside(path, SUPERSEDED_PREFIX)
                     message = f"newer than the resumed step {step}: moved to {moved}"
                     _warn(f"{path} is {message}")
                     self.set_aside.append((str(moved), message))
@@ -308,12 +253,12 @@ class Checkpointer:
             return final
         self.wait()  # finish a pending async save first: checkpoints become visible in order
         self.last_saved_step = step
-        tmp = self.dir / f"{_TMP_PREFIX}{step:08d}"
+        tmp = self.dir / f"{TMP_PREFIX}{step:08d}"
         error = None
         if self.env.is_main:
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)
-                for stale in self.dir.glob(f"{_TMP_PREFIX}*"):
+                for stale in self.dir.glob(f"{TMP_PREFIX}*"):
                     shutil.rmtree(stale, ignore_errors=True)  # left by a run killed mid-save
                 tmp.mkdir()
             except OSError as failure:
@@ -324,7 +269,7 @@ class Checkpointer:
         rng_file = tmp / f"rng_rank{self.env.rank}.json"
         error = None
         try:
-            _write_json(rng_file, rng_state())
+            write_json(rng_file, rng_state())
         except Exception as failure:  # noqa: BLE001 - reported, with the path, by every rank below
             error = f"rank {self.env.rank}: {explain_write_failure(failure, rng_file)}"
         self._agree(error, tmp, final)
@@ -332,7 +277,7 @@ class Checkpointer:
         if self.model_config is not None:
             trainer_state.update(model_config=dataclasses.asdict(self.model_config),
                                  precision_backend=self.precision_backend,
-                                 parameters=compat.parameter_layout(model))
+                                 parameters=compatibility.parameter_layout(model))
         if self.cfg.async_save and self.env.distributed:
             future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
             self._pending = (future, tmp, final, trainer_state)
@@ -384,7 +329,7 @@ class Checkpointer:
         error = None
         if self.env.is_main:
             try:
-                _write_json(tmp / STATE_FILE, trainer_state)
+                write_json(tmp / STATE_FILE, trainer_state)
             except Exception as failure:  # noqa: BLE001
                 error = explain_write_failure(failure, tmp / STATE_FILE)
         self._agree(error, tmp, final)
@@ -403,12 +348,12 @@ class Checkpointer:
         if self.env.is_main:
             try:
                 integrity.write_manifest(tmp, files)
-                _fsync_directory(tmp)
+                fsync_directory(tmp)
                 if final.exists():  # another history's checkpoint of this step (checkpoint.resume=none)
-                    moved = _set_aside(final, SUPERSEDED_PREFIX)  # moved, never deleted: no moment without it
+                    moved = move_aside(final, SUPERSEDED_PREFIX)  # moved, never deleted: no moment without it
                     _warn(f"{final} belongs to another history of this directory: moved to {moved}")
                 os.rename(tmp, final)
-                _fsync_directory(self.dir)
+                fsync_directory(self.dir)
             except Exception as failure:  # noqa: BLE001
                 error = explain_write_failure(failure, tmp)
         self._agree(error, tmp, final)
@@ -445,7 +390,7 @@ class Checkpointer:
                 state = read_trainer_state(path)
             except CorruptCheckpoint:
                 continue  # not ours to judge: resume reports it, pruning leaves it
-            if self.model_config is not None and not compat.same_model(state, self.model_config):
+            if self.model_config is not None and not compatibility.same_model(state, self.model_config):
                 continue  # another model's checkpoint (allow_model_change): never pruned here
             ours.append(path)
             if state.get("guard", {}).get("skipped_in_a_row", 0) == 0:
@@ -470,8 +415,8 @@ class Checkpointer:
         trainer_state = read_trainer_state(path)
         changes = []
         if self.model_config is not None:
-            changes = compat.incompatibilities(trainer_state, self.model_config, self.precision_backend,
-                                               compat.parameter_layout(model))
+            changes = compatibility.incompatibilities(trainer_state, self.model_config, self.precision_backend,
+                                               compatibility.parameter_layout(model))
         if changes and not self.cfg.allow_model_change:
             raise IncompatibleCheckpoint(
                 f"checkpoint {path} holds another model than this run's: {'; '.join(changes)}. Nothing was "
@@ -559,19 +504,3 @@ def optimizer_step(optimizer) -> int:
 def _corrupt_message(path: Path, problems: List[str]) -> str:
     return f"checkpoint {path} is corrupt or incomplete: {'; '.join(problems[:4])}" + (
         f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
-
-
-def _write_json(path: Path, value: dict) -> None:
-    with open(path, "w") as handle:
-        json.dump(value, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Persist a rename or a new entry in `directory` (POSIX: fsync the directory itself)."""
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

@@ -11,8 +11,8 @@ import pytest
 
 from data import DataError, SourceConfig, build_tokenizer, prepare_source
 from data.shards import open_split
-from data.sources import describe_source
-from data.text_tree import list_tree_files, read_tree
+from data.sources import source_kind
+from data.sources.tree import list_tree_files, read_tree
 from data_testing import builtin_config, shared_builtin_cache
 
 EOS_TEXT = "<|endoftext|>"
@@ -118,9 +118,9 @@ def test_prepared_tree_round_trips_and_records_statistics(tmp_path):
 def test_description_changes_when_a_file_changes(tmp_path):
     make_tree(tmp_path, seed=5)
     cfg = builtin_config(shared_builtin_cache(), sources=[tree_source([tmp_path])])
-    before = describe_source(cfg.sources[0], cfg)
+    before = source_kind("tree").describe(cfg.sources[0], cfg)
     target = sorted(tmp_path.rglob("*.md"))[0]
     target.write_text(target.read_text() + "more\n")
-    after = describe_source(cfg.sources[0], cfg)
+    after = source_kind("tree").describe(cfg.sources[0], cfg)
     assert before["listing_sha256"] != after["listing_sha256"]
     assert json.dumps(after)  # JSON-ready: recorded in the manifest and hashed into the cache key

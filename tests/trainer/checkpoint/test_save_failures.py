@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from trainer.checkpoint import CheckpointSaveError
-from trainer.integrity import verify_directory
+from trainer.checkpoint.errors import CheckpointSaveError
+from trainer.checkpoint.integrity import verify_directory
 from trainer.loop import train
 from trainer_testing import ROOT, compose_train_config, read_jsonl, tiny_overrides
 
@@ -83,7 +83,7 @@ def test_a_write_failure_without_errno_on_a_full_disk_is_called_a_full_disk(tmp_
     """torch.save's zip writer turns a refused write into "unexpected pos 704 vs 598" (the issue's message)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from trainer import oserrors
+    from fileio import oserrors
 
     buried = CheckpointException("save", {1: (RuntimeError("[enforce fail at inline_container.cc:672] . "
                                                            "unexpected pos 704 vs 598"), None)})

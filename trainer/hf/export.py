@@ -4,7 +4,7 @@
 Checkpoint saved by any number of ranks into one unsharded model on the CPU, built from the
 model config recorded in its trainer_state.json, and writes with `models.hf.export_hf`:
 safetensors weights, config.json, generation_config.json and the tokenizer the checkpoint
-records (tokenizer.json, tokenizer_config.json; `data.hf_tokenizer`), whose special-token ids
+records (tokenizer.json, tokenizer_config.json; `trainer/hf/tokenizer.py`), whose special-token ids
 are the ones in config.json. The weights are the FP32 master weights cast to `dtype`: the
 quantization of the training GEMMs is not part of the exported model.
 
@@ -36,7 +36,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def read_trainer_state(checkpoint: Path) -> dict:
     """trainer_state.json of a complete checkpoint; errors name the directory."""
-    from trainer.checkpoint import STATE_FILE, is_complete  # the trainer's own test of a finished checkpoint
+    from trainer.checkpoint.layout import STATE_FILE, is_complete  # the trainer's own test of a finished checkpoint
 
     checkpoint = Path(checkpoint)
     state_file = checkpoint / STATE_FILE
@@ -121,7 +121,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str = "bfloat16",
     """Write a checkpoint as a Hugging Face directory with its tokenizer; returns out_dir.
 
     `out_dir` must be new or empty; `overwrite` empties it first (`empty_export_directory`)."""
-    from data.hf_tokenizer import to_transformers
+    from trainer.hf.tokenizer import to_transformers
     from models.hf import export_hf
 
     checkpoint = Path(checkpoint)
@@ -137,7 +137,7 @@ def export_at_end(model: torch.nn.Module, cfg, tokenizer, env, out_dir: Path) ->
     from rank 0. Collective: every rank calls it. Returns out_dir on rank 0, None elsewhere."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from data.hf_tokenizer import to_transformers
+    from trainer.hf.tokenizer import to_transformers
     from models import build_model
     from models.hf import export_hf
 

@@ -1,4 +1,4 @@
-"""The built-in corpus: the Python standard library's source files of the running interpreter.
+"""Kind `builtin`: the Python standard library's source files of the running interpreter.
 
 Real text that ships with every machine that runs this project, so the quickstart needs no
 network. Rules (deterministic for a given interpreter):
@@ -13,7 +13,8 @@ network. Rules (deterministic for a given interpreter):
   (10**6 bytes) of source; the corpus holds at least one file.
 
 The corpus identity (`BuiltinCorpus.key`) combines the Python version, the cap and a sha256 of
-the selected text, so caches built from it are invalidated when any of them change.
+the selected text, so caches built from it are invalidated when any of them change. The builtin
+tokenizer (data/tokenizer.py) is trained on the same corpus.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from data.config import DataConfig, SourceConfig
 from data.errors import DataError
+from data.sources.kind import SourceKind
 
 EXCLUDED_DIRECTORIES = frozenset({"test", "tests", "idle_test", "encodings", "site-packages", "__pycache__"})
 """Directory names whose files are left out of the corpus (test data, codec tables, installed packages)."""
@@ -115,3 +118,26 @@ def load_builtin_corpus(max_mb: float) -> BuiltinCorpus:
         max_mb=float(max_mb),
         content_sha256=digest.hexdigest(),
     )
+
+
+def validate(source: SourceConfig, where: str) -> None:
+    """Nothing per source: the cap is data.builtin_corpus_mb, checked with the other DataConfig fields."""
+
+
+def describe(source: SourceConfig, cfg: DataConfig) -> dict:
+    return load_builtin_corpus(cfg.builtin_corpus_mb).describe()
+
+
+def location(source: SourceConfig) -> str:
+    return "the built-in corpus"
+
+
+def read(source: SourceConfig, cfg: DataConfig):
+    import datasets
+
+    corpus = load_builtin_corpus(cfg.builtin_corpus_mb)
+    dataset = datasets.Dataset.from_dict({source.text_field: list(corpus.texts), "path": list(corpus.relative_paths)})
+    return dataset.to_iterable_dataset() if source.streaming else dataset
+
+
+KIND = SourceKind(name="builtin", validate=validate, describe=describe, location=location, read=read)

@@ -1,4 +1,4 @@
-"""What may differ between a checkpoint and the run resuming it, besides the model (trainer/compat.py).
+"""What may differ between a checkpoint and the run resuming it, besides the model (compatibility.py).
 
 A checkpoint's trainer_state.json records the run's tokenizer (its identity: sha256, vocabulary
 size, EOS id), its corpus (per source, the hash of the prepared manifest's shard list: the

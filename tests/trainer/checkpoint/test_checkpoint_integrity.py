@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import CorruptCheckpoint, IncompatibleCheckpoint, read_trainer_state
-from trainer.integrity import MANIFEST_NAME, describe_file, verify_directory
+from trainer.checkpoint.errors import CorruptCheckpoint, IncompatibleCheckpoint
+from trainer.checkpoint.integrity import MANIFEST_NAME, describe_file, verify_directory
+from trainer.checkpoint.layout import read_trainer_state
 from trainer.loop import train
 from trainer_testing import ROOT, compose_train_config, losses_by_step, read_jsonl, tiny_overrides
 
@@ -211,7 +212,7 @@ def test_metadata_is_verified_before_dcp_unpickles_it(reference, tmp_path, data_
 
 def test_trainer_code_never_unpickles():
     """Static guard on the rule above: no pickle module, no torch.load without weights_only=True in trainer/."""
-    for path in (ROOT / "trainer").glob("*.py"):
+    for path in (ROOT / "trainer").rglob("*.py"):
         text = path.read_text()
         assert not re.search(r"^\s*(import pickle|from pickle)", text, re.M), path
         assert "pickle.load" not in text and "weights_only=False" not in text, path
@@ -252,7 +253,7 @@ def test_model_comparison_ignores_labels_kernels_and_init_but_not_what_the_weigh
     import dataclasses
 
     from models.config import ModelConfig
-    from trainer.compat import layout_differences, model_config_differences
+    from trainer.checkpoint.compatibility import layout_differences, model_config_differences
 
     saved = dataclasses.asdict(ModelConfig())
     same = dict(saved, name="renamed", ssd_backend="torch", conv_backend="conv1d", chunk_size=32, init_std=0.01)

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer.checkpoint import CorruptCheckpoint, IncompatibleCheckpoint, read_trainer_state
+from trainer.checkpoint.errors import CorruptCheckpoint, IncompatibleCheckpoint
 from trainer.guards import RunStopped
-from trainer.integrity import describe_files, verify_directory, write_manifest
+from trainer.checkpoint.integrity import describe_files, verify_directory, write_manifest
+from trainer.checkpoint.layout import read_trainer_state
 from trainer.loop import train
 from trainer.run_lock import RunLock
 from trainer.validate import ConfigError

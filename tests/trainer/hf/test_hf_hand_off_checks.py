@@ -10,8 +10,8 @@ import torch
 
 from scripts_testing import run_script
 from trainer.distributed import DistEnv
-from trainer.hf_export import ExportDirectoryNotEmpty, export_checkpoint
-from trainer.hf_init import load_hf_weights
+from trainer.hf.export import ExportDirectoryNotEmpty, export_checkpoint
+from trainer.hf.load import load_hf_weights
 from trainer.loop import train
 from trainer_testing import compose_train_config, tiny_overrides
 

@@ -1,0 +1,98 @@
+"""The product packages' layout, as docs/ARCHITECTURE.md draws it: imports run down the layers,
+no module imports itself back through others, and no product file is over 600 lines.
+
+The import graph is read from the source (every import, deferred ones inside functions too), so
+an import that only a rarely taken path executes counts as much as one at the top of a file.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PACKAGES = ("fileio", "models", "data", "trainer", "benchmarks", "reports")
+"""The product packages (scripts/ imports them all and is imported by none)."""
+
+MAY_IMPORT = {
+    "fileio": set(),
+    "models": {"fileio"},
+    "data": {"fileio"},
+    "trainer": {"fileio", "models", "data"},
+    "benchmarks": {"fileio", "models", "data", "trainer"},
+    "reports": {"fileio", "models", "data", "trainer", "benchmarks"},
+}
+"""Which other packages each package may import: docs/ARCHITECTURE.md's "Nothing imports upward"."""
+
+MAX_LINES = 600
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict) -> set[str]:
+    """The product modules `path` imports: `from a.b import c` names a.b, and a.b.c when c is a module."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module in modules:
+                names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names
+                         if f"{node.module}.{alias.name}" in modules)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names if alias.name in modules)
+    return names
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, modules) - {name} for name, path in modules.items()}
+
+
+def test_the_graph_sees_the_packages_and_their_imports():
+    """The reader finds what is there: a guard against a graph that is empty and so passes everything."""
+    graph = _graph()
+    assert {"data.sources", "data.sources.files", "trainer.checkpoint.checkpointer", "trainer.hf.export",
+            "fileio.hashing"} <= set(graph)
+    assert "trainer.checkpoint.integrity" in graph["trainer.checkpoint.checkpointer"]
+    assert "fileio.hashing" in graph["data.shards"]
+    assert "data.sources" in graph["data.prepare"]
+
+
+def test_no_package_imports_upward():
+    upward = sorted(f"{name} imports {imported}" for name, imports in _graph().items() for imported in imports
+                    if imported.split(".")[0] != name.split(".")[0]
+                    and imported.split(".")[0] not in MAY_IMPORT[name.split(".")[0]])
+    assert not upward, upward
+
+
+def test_no_import_circle_among_the_product_modules():
+    graph = _graph()
+    state: dict[str, str] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        if state.get(node) == "done":
+            return
+        assert state.get(node) != "open", f"import circle: {' -> '.join(trail[trail.index(node):] + [node])}"
+        state[node] = "open"
+        for imported in sorted(graph[node]):
+            # A package's __init__ importing its own submodules is its registry, not a circle back to it.
+            if not imported.startswith(node + "."):
+                visit(imported, trail + [node])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        visit(node, [])
+
+
+def test_no_product_file_over_600_lines():
+    long = {str(path.relative_to(ROOT)): count for path in _modules().values()
+            if (count := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
