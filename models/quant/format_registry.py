@@ -7,7 +7,7 @@ Who reads what:
 - ``models.quant.linear``: which Triton kernel quantizes an operand (``quantize_kernel``);
 - ``models.quant.te_backend``: the TE recipe class, its options and the compute capability it needs;
 - ``models.quant.diagnostics``: the element max (saturation);
-- the GEMM cost model (reports/gemm_costs.py: FORMAT_COSTS is built from this registry): bytes per
+- the GEMM cost model (trainer/planning/gemm_costs.py: FORMAT_COSTS is built from this registry): bytes per
   element and per scale, block sizes, whether Dgrad reuses Fprop's W, whether a per-tensor amax
   costs a second read, the peak-rate key.
 
@@ -64,7 +64,7 @@ class Capability:
 
 @dataclass(frozen=True, kw_only=True)
 class OperandCosts:
-    """What a format costs the GEMM cost model (reports/gemm_costs.py): storage and traffic per operand."""
+    """What a format costs the GEMM cost model (trainer/planning/gemm_costs.py): storage and traffic per operand."""
 
     element_bytes: float = 1.0
     vector_block: int = 1
