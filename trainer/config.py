@@ -155,7 +155,12 @@ class CheckpointConfig:
     """After the last step, write the model as a Hugging Face directory (weights, config.json,
     generation_config.json and the tokenizer) to export_hf_dir."""
     export_hf_dir: Optional[str] = None
-    """Where export_hf_at_end writes; None = <run dir>/hf."""
+    """Where export_hf_at_end writes; None = <run dir>/hf (the run's own: a later completion of the
+    run replaces the export there)."""
+    export_hf_overwrite: bool = False
+    """Let export_hf_at_end empty a non-empty export_hf_dir (a directory of files only) at the end of
+    the run. Without it a non-empty export_hf_dir is refused at start-up, before any step: an earlier
+    export's stale files would be read with the new one."""
     export_hf_dtype: str = "bfloat16"
     """Weight dtype of the exported directory: bfloat16, float16 or float32."""
 

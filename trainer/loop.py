@@ -58,6 +58,7 @@ from trainer.heartbeat import raise_if_collective_timeout
 from trainer.hf.load import adopt_hf_architecture, load_hf_weights
 from trainer.metrics import MetricsLogger
 from trainer.optim import build_optimizer, lr_at, set_lr
+from trainer.hf.export import check_export_directory_at_start
 from trainer.preflight import PlanCheck, preflight
 from trainer.quant_report import QuantDiagnostics
 from trainer.run_info import write_run_description
@@ -70,6 +71,7 @@ __all__ = ["Callback", "StepContext", "TrainState", "build_model_on", "evaluate"
 def train(cfg: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict:
     """Run training as configured. Returns a summary (final step, losses, run dir, ...)."""
     validate_train_config(cfg)  # every field in range before any process group, data or model
+    check_export_directory_at_start(cfg)  # not after hours of training
     run_plan = preflight(cfg)  # planned for the devices seen: a run that cannot fit stops here
     check_data_requirement(cfg)
     env = init_distributed(cfg.parallel)

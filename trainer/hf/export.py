@@ -9,7 +9,9 @@ are the ones in config.json. The weights are the FP32 master weights cast to `dt
 quantization of the training GEMMs is not part of the exported model.
 
 `export_at_end(model, cfg, tokenizer, env)` (checkpoint.export_hf_at_end) gathers the trained
-model from every rank instead of reading a checkpoint.
+model from every rank instead of reading a checkpoint. It replaces the run's own `<run dir>/hf`;
+an explicit `checkpoint.export_hf_dir` that holds files is refused at start-up
+(`check_export_directory_at_start`) unless `checkpoint.export_hf_overwrite=true`.
 
 The tokenizer is checked, never guessed: the one used is the recorded path (or the one given)
 and its sha256 must equal the recorded one.
@@ -91,8 +93,9 @@ class ExportDirectoryNotEmpty(ValueError):
     """The export's target directory holds files (of an earlier export?) and overwrite was not asked for."""
 
 
-def empty_export_directory(out_dir: Path, overwrite: bool) -> None:
-    """Refuse a non-empty `out_dir`, or with `overwrite` empty it (plain files only: never a directory tree)."""
+def empty_export_directory(out_dir: Path, overwrite: bool, overwrite_option: str = "--overwrite") -> None:
+    """Refuse a non-empty `out_dir`, or with `overwrite` empty it (plain files only: never a directory tree).
+    `overwrite_option` is how the caller's user asks for `overwrite` (named in the refusal)."""
     out_dir = Path(out_dir)
     if not out_dir.exists():
         return
@@ -106,12 +109,12 @@ def empty_export_directory(out_dir: Path, overwrite: bool) -> None:
         raise ExportDirectoryNotEmpty(
             f"{out_dir} is not empty ({names}): files of an earlier export left there would be read with this one "
             "(transformers reads added_tokens.json, special_tokens_map.json, chat_template.jinja, ...). Choose a new "
-            "or empty directory, or pass --overwrite to empty it first")
+            f"or empty directory, or pass {overwrite_option} to empty it first")
     folders = [entry.name for entry in entries if entry.is_dir() and not entry.is_symlink()]
     if folders:
         raise ExportDirectoryNotEmpty(
             f"not emptying {out_dir}: it holds directories ({', '.join(folders[:8])}), which no export writes "
-            "(a run directory?); --overwrite empties only a directory of files. Choose another directory")
+            f"(a run directory?); {overwrite_option} empties only a directory of files. Choose another directory")
     for entry in entries:
         entry.unlink()
 
@@ -132,9 +135,28 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str = "bfloat16",
     return export_hf(model, out_dir, dtype=_dtype(dtype), tokenizer=to_transformers(ours))
 
 
+END_OF_RUN_OVERWRITE = "checkpoint.export_hf_overwrite=true"
+"""How a training run asks export_at_end to empty a non-empty export_hf_dir."""
+
+
+def check_export_directory_at_start(cfg) -> None:
+    """Refuse, before any step, an explicit export_hf_dir that export_at_end would refuse at the end
+    (a run should not train for hours to fail at its last line). The run's own <run dir>/hf is
+    replaced at the end, as a later completion of the run should."""
+    from trainer.validate import ConfigError
+
+    if cfg.checkpoint.export_hf_at_end and cfg.checkpoint.export_hf_dir and not cfg.checkpoint.export_hf_overwrite:
+        try:
+            empty_export_directory(Path(cfg.checkpoint.export_hf_dir), False, END_OF_RUN_OVERWRITE)
+        except ExportDirectoryNotEmpty as error:
+            raise ConfigError(f"checkpoint.export_hf_dir: {error}") from None
+
+
 def export_at_end(model: torch.nn.Module, cfg, tokenizer, env, out_dir: Path) -> Optional[Path]:
     """Gather the trained (possibly FSDP-sharded) model and write it as a Hugging Face directory
-    from rank 0. Collective: every rank calls it. Returns out_dir on rank 0, None elsewhere."""
+    from rank 0. Collective: every rank calls it. Returns out_dir on rank 0, None elsewhere.
+    `out_dir` is emptied first when it is the run's own (no export_hf_dir) or export_hf_overwrite
+    is set; otherwise a non-empty one is refused."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from trainer.hf.tokenizer import to_transformers
@@ -145,6 +167,8 @@ def export_at_end(model: torch.nn.Module, cfg, tokenizer, env, out_dir: Path) ->
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=env.distributed))
     if not env.is_main:
         return None
+    own = cfg.checkpoint.export_hf_dir is None
+    empty_export_directory(out_dir, own or cfg.checkpoint.export_hf_overwrite, END_OF_RUN_OVERWRITE)
     with torch.device("meta"):
         plain = build_model(cfg.model)
     # Same names as HybridLM (QuantLinear keeps nn.Linear's); strict: any other name is an error.

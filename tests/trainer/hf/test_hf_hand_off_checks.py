@@ -110,3 +110,30 @@ def test_export_refuses_a_directory_with_an_earlier_exports_files_unless_overwri
     with pytest.raises(ExportDirectoryNotEmpty, match="it holds directories \\(checkpoints\\)"):
         export_checkpoint(checkpoint, run_dir, overwrite=True)  # never empties a run directory
     assert checkpoint.is_dir()
+
+
+def test_end_of_run_export_refuses_a_stale_directory_before_training_and_replaces_its_own(tmp_path, data_cache):
+    from transformers import AutoTokenizer
+
+    from trainer.validate import ConfigError
+
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "added_tokens.json").write_text(json.dumps({"<extra>": 512}))
+    overrides = tiny_overrides(data_cache, steps=1) + ["checkpoint.export_hf_at_end=true",
+                                                       "checkpoint.export_hf_dtype=float32"]
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"checkpoint.export_hf_dir: .*export is not empty \(added_tokens.json\)"
+                                          r".*checkpoint.export_hf_overwrite=true"):
+        train(compose_train_config(overrides + [f"checkpoint.export_hf_dir={out}"], run_dir))
+    assert not (run_dir / "metrics.jsonl").exists()  # refused before the first step
+
+    train(compose_train_config(overrides + [f"checkpoint.export_hf_dir={out}", "checkpoint.export_hf_overwrite=true"],
+                               run_dir))
+    assert not (out / "added_tokens.json").exists() and len(AutoTokenizer.from_pretrained(out)) == 512
+
+    own = tmp_path / "own"  # no export_hf_dir: <run dir>/hf, replaced by a later completion of the run
+    train(compose_train_config(overrides, own))
+    (own / "hf" / "added_tokens.json").write_text(json.dumps({"<extra>": 512}))
+    train(compose_train_config([o for o in overrides if not o.startswith("train.steps")] + ["train.steps=2"], own))
+    assert not (own / "hf" / "added_tokens.json").exists() and len(AutoTokenizer.from_pretrained(own / "hf")) == 512
