@@ -57,18 +57,20 @@ def e2m1_stochastic(values: np.ndarray, uniform: np.ndarray) -> np.ndarray:
     return np.where(np.signbit(values), -rounded, rounded).astype(F32)
 
 
-def nvfp4(x: np.ndarray, tile=(1, 16), uniform=None):
-    """The NVFP4 formulas of docs/numerics.md. Returns dict: xhat, scaled (q*s_b), q, codes (RNE only), s_b, decode."""
+def nvfp4(x: np.ndarray, tile=(1, 16), uniform=None, scale_max: float = 448.0, round_scale=None):
+    """The NVFP4 formulas of docs/numerics.md. Returns dict: xhat, scaled (q*s_b), q, codes (RNE only), s_b, decode.
+    `scale_max` and `round_scale` (default E4M3 RNE) name the block-scale format (nvfp4_ue5m3: another one)."""
+    round_scale = e4m3_rne if round_scale is None else round_scale
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         amax = F32(np.max(np.abs(x)))
-        encode = F32(F32(448.0 * 6.0) / amax)
+        encode = F32(F32(scale_max * 6.0) / amax)
         encode = min(encode, FLT_MAX)
         if amax == 0 or encode == 0:
             encode = F32(1.0)
         decode = F32(F32(1.0) / encode)
         blocked = blocks(x, tile)
         block_amax = np.max(np.abs(blocked), axis=(1, 3), keepdims=True).astype(F32)
-        scale = e4m3_rne((block_amax * F32(encode * F32(1.0 / 6.0))).astype(F32))
+        scale = round_scale((block_amax * F32(encode * F32(1.0 / 6.0))).astype(F32))
         reciprocal = np.minimum(F32(1.0) / (scale * decode), FLT_MAX).astype(F32)
         scaled_input = (blocked * reciprocal).astype(F32)  # v = x * r_b, what E2M1 rounds
     if uniform is None:
@@ -188,6 +190,19 @@ def fresh_input(rows: int, cols: int, scale: float, dtype: torch.dtype, *, block
     row = torch.randint(0, rows, (1,)).item()
     x[row, cols - block :] = 0.0  # an all-zero block
     return x.to(dtype)
+
+
+def cuda_input(shape, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """fresh_input of `shape`, made in fp32, cast to `dtype`, on the GPU (the GPU kernel tests' inputs)."""
+    return fresh_input(shape[0], shape[1], scale, torch.float32).to(dtype).cuda()
+
+
+def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Equal element for element, NaN equal to NaN (-0.0 == 0.0 numerically; codes compare the sign bit)."""
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    a, e = actual.float(), expected.float()
+    same = (a == e) | (a.isnan() & e.isnan())
+    assert same.all(), f"{what}: {(~same).sum().item()} of {same.numel()} differ"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -317,17 +332,6 @@ def ue5m3_brute_force(values: np.ndarray) -> np.ndarray:
 
 
 def nvfp4_ue5m3(x: np.ndarray, tile=(1, 16)):
-    """nvfp4 with UE5M3 block scales: S_enc = 688128 / amax (114688 * 6), s_b = ue5m3(block_amax * (S_enc * (1/6)))."""
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        amax = F32(np.max(np.abs(x)))
-        encode = min(F32(F32(114688.0 * 6.0) / amax), FLT_MAX)
-        if amax == 0 or encode == 0:
-            encode = F32(1.0)
-        decode = F32(F32(1.0) / encode)
-        blocked = blocks(x, tile)
-        block_amax = np.max(np.abs(blocked), axis=(1, 3), keepdims=True).astype(F32)
-        scale = ue5m3_brute_force((block_amax * F32(encode * F32(1.0 / 6.0))).astype(F32))
-        reciprocal = np.minimum(F32(1.0) / (scale * decode), FLT_MAX).astype(F32)
-        q = e2m1_rne((blocked * reciprocal).astype(F32))
-    return {"scaled": (q * scale).astype(F32).reshape(x.shape), "s_b": scale[:, 0, :, 0], "decode": decode,
-            "codes": e2m1_codes((blocked * reciprocal).astype(F32)).reshape(x.shape)}
+    """nvfp4 with UE5M3 block scales: S_enc = 688128 / amax (114688 * 6), s_b = ue5m3(block_amax * (S_enc * (1/6))),
+    the scale rounded by the brute-force search over every UE5M3 code."""
+    return nvfp4(x, tile, scale_max=114688.0, round_scale=ue5m3_brute_force)

@@ -33,23 +33,13 @@ def kernels():
     return package
 
 
-def _input(shape, scale, dtype):
-    return oracle.fresh_input(shape[0], shape[1], scale, torch.float32).to(dtype).cuda()
-
-
-def _same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-    a, e = actual.float(), expected.float()
-    same = (a == e) | (a.isnan() & e.isnan())
-    assert same.all(), f"{what}: {(~same).sum().item()} of {same.numel()} differ"
-
-
 def _compare(out, reference, *, transposed: bool, what: str):
     view = (lambda t: t.t()) if transposed else (lambda t: t)
-    _same(view(out.values), reference.scaled_values(out.values.dtype), f"{what} scaled values")
-    _same(view(out.block_scales.view(torch.uint8)), reference.block_scales.view(torch.uint8), f"{what} scales")
+    oracle.assert_bits_equal(view(out.values), reference.scaled_values(out.values.dtype), f"{what} scaled values")
+    oracle.assert_bits_equal(view(out.block_scales.view(torch.uint8)), reference.block_scales.view(torch.uint8),
+                             f"{what} scales")
     assert torch.equal(view(out.codes), reference.codes), f"{what} codes"
-    _same(out.decode_scale.reshape(()), reference.tensor_scale, f"{what} decode scale")
+    oracle.assert_bits_equal(out.decode_scale.reshape(()), reference.tensor_scale, f"{what} decode scale")
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -58,7 +48,7 @@ def _compare(out, reference, *, transposed: bool, what: str):
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 3e3])
 def test_rows_2d_and_columns_equal_the_reference(kernels, shape, dtype, error, scale):
     nvfp4 = kernels.nvfp4
-    x = _input(shape, scale, dtype)
+    x = oracle.cuda_input(shape, scale, dtype)
     _compare(nvfp4.quantize_rows(x, write_codes=True, four_over_six=error),
              nvfp4.quantize_rows_ref(x, four_over_six=error), transposed=False, what="rows")
     _compare(nvfp4.quantize_rows(x, two_d=True, write_codes=True, four_over_six=error),
@@ -74,7 +64,7 @@ def test_every_launch_gives_the_same_bits(kernels, launch):
     nvfp4 = kernels.nvfp4
     options = dataclasses.replace(kernels.options.NVFP4_OPTIONS, rows_four_over_six=launch,
                                   two_d_four_over_six=(16, launch[1], launch[2]))
-    x = _input((256, 1152), 1.0, torch.bfloat16)
+    x = oracle.cuda_input((256, 1152), 1.0, torch.bfloat16)
     _compare(nvfp4.quantize_rows(x, write_codes=True, four_over_six="mse", options=options),
              nvfp4.quantize_rows_ref(x, four_over_six="mse"), transposed=False, what=f"rows {launch}")
     _compare(nvfp4.quantize_rows(x, two_d=True, write_codes=True, four_over_six="mse", options=options),
@@ -85,7 +75,7 @@ def test_every_launch_gives_the_same_bits(kernels, launch):
 def test_stochastic_rounding_with_the_documented_draws(kernels, dtype):
     nvfp4 = kernels.nvfp4
     rows, cols, seed = 256, 1024, 2**40 + 7
-    x = _input((rows, cols), 1.0, dtype)
+    x = oracle.cuda_input((rows, cols), 1.0, dtype)
     _compare(nvfp4.quantize_rows(x, stochastic=True, seed=seed, write_codes=True, four_over_six="mse"),
              nvfp4.quantize_rows_ref(x, four_over_six="mse", rounding="stochastic",
                                      uniform=oracle.mx_rows_uniforms(seed, rows, cols).cuda()),
@@ -99,7 +89,7 @@ def test_stochastic_rounding_with_the_documented_draws(kernels, dtype):
 
 def test_shared_scales_equal_the_separate_passes(kernels):
     nvfp4, amax = kernels.nvfp4, kernels.nvfp4_amax
-    x = _input((8192, 5120), 3.0, torch.bfloat16)
+    x = oracle.cuda_input((8192, 5120), 3.0, torch.bfloat16)
     scales = amax.rows_and_rht_columns_scales(x, four_over_six=True)
     separate = amax.rht_global_scales(x, four_over_six=True)
     assert torch.equal(scales[[0, 1, 3]], separate[[0, 1, 3]]) and torch.equal(scales[2:3], amax.tensor_amax(x))
@@ -114,8 +104,8 @@ def test_layer_with_kernels_equals_the_torch_path(kernels):
     spec = nvfp4_linear_spec(stochastic_rounding=False, four_over_six=("x", "w", "dy"))
     torch.manual_seed(0)
     module = QuantLinear(1024, 512, bias=False, dtype=torch.bfloat16, spec=spec, name="layers.0.mixer.in_proj").cuda()
-    x = _input((2048, 1024), 1.0, torch.bfloat16)
-    dy = _input((2048, 512), 1e-2, torch.bfloat16)
+    x = oracle.cuda_input((2048, 1024), 1.0, torch.bfloat16)
+    dy = oracle.cuda_input((2048, 512), 1e-2, torch.bfloat16)
     results = []
     try:
         for use in (True, False):
@@ -128,4 +118,4 @@ def test_layer_with_kernels_equals_the_torch_path(kernels):
     finally:
         kernels.use_triton(True)
     for name, a, b in zip(("Y", "dX", "dW"), *results):
-        _same(a, b, name)
+        oracle.assert_bits_equal(a, b, name)

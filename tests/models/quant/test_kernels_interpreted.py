@@ -34,23 +34,11 @@ ROOT = HERE.parents[2]
 
 @pytest.mark.skipif(not _interpreter_handles_this_numpy(),
                     reason="Triton < 3.7's interpreter fails under numpy >= 2.4 (triton-lang/triton#9171)")
-def test_kernels_match_the_torch_references_under_the_interpreter():
+@pytest.mark.parametrize("script", ["kernels_interpreted.py", "kernels_interpreted_four_over_six.py"])
+def test_kernels_match_the_torch_references_under_the_interpreter(script):
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, str(HERE / "kernels_interpreted.py")], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    lines = result.stdout.splitlines()
-    passed = [line for line in lines if line.startswith("ok check_")]
-    assert lines and lines[-1] == f"all {len(passed)} checks passed" and len(passed) >= 6, result.stdout
-
-
-@pytest.mark.skipif(not _interpreter_handles_this_numpy(),
-                    reason="Triton < 3.7's interpreter fails under numpy >= 2.4 (triton-lang/triton#9171)")
-def test_four_over_six_kernels_match_the_torch_reference_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, str(HERE / "kernels_interpreted_four_over_six.py")], env=env, cwd=ROOT,
+    result = subprocess.run([sys.executable, str(HERE / script)], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     lines = result.stdout.splitlines()

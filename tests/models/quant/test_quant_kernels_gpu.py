@@ -47,26 +47,14 @@ def _poison_allocator(numel_bytes: int) -> None:
     torch.cuda.synchronize()
 
 
-def _input(shape, scale, dtype):
-    return oracle.fresh_input(shape[0], shape[1], scale, torch.float32).to(dtype).cuda()
-
-
-def _assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-    a, e = actual.float(), expected.float()
-    same = (a == e) | (a.isnan() & e.isnan())
-    # -0.0 == 0.0 numerically; the codes compare the sign bit separately
-    assert same.all(), f"{what}: {(~same).sum().item()} of {same.numel()} differ"
-
-
 def _compare(out, reference, *, transposed: bool):
     view = (lambda t: t.t()) if transposed else (lambda t: t)
-    _assert_bits_equal(view(out.values), reference.scaled_values(out.values.dtype), "scaled values")
-    _assert_bits_equal(
+    oracle.assert_bits_equal(view(out.values), reference.scaled_values(out.values.dtype), "scaled values")
+    oracle.assert_bits_equal(
         view(out.block_scales.view(torch.uint8)), reference.block_scales.view(torch.uint8), "E4M3 scale bits"
     )
     assert torch.equal(view(out.codes), reference.codes), "E2M1 codes"
-    _assert_bits_equal(out.decode_scale.reshape(()), reference.tensor_scale, "decode scale")
+    oracle.assert_bits_equal(out.decode_scale.reshape(()), reference.tensor_scale, "decode scale")
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -74,7 +62,7 @@ def _compare(out, reference, *, transposed: bool):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("two_d", [False, True])
 def test_rows_kernel_bit_identical(kernels, shape, scale, dtype, two_d):
-    x = _input(shape, scale, dtype)
+    x = oracle.cuda_input(shape, scale, dtype)
     _poison_allocator(x.numel() * 4)
     out = kernels.nvfp4.quantize_rows(x, two_d=two_d, write_codes=True, out_dtype=torch.bfloat16)
     reference = kernels.nvfp4.quantize_rows_ref(x, two_d=two_d)
@@ -86,7 +74,7 @@ def test_rows_kernel_bit_identical(kernels, shape, scale, dtype, two_d):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("use_rht", [False, True])
 def test_columns_kernel_bit_identical(kernels, shape, scale, dtype, use_rht):
-    x = _input(shape, scale, dtype)
+    x = oracle.cuda_input(shape, scale, dtype)
     reference = kernels.nvfp4.quantize_columns_ref(x, rht=use_rht)
     # bf16 input with the RHT: both ways of rounding the transform to bf16 (Nvfp4Options.bf16_rounding)
     for bf16_rounding in ("integer", "hardware") if use_rht and dtype == torch.bfloat16 else ("integer",):
@@ -276,7 +264,7 @@ def test_shared_scales_equal_the_separate_passes(kernels, shape, dtype):
     QuantLinear takes for X and dY) gives the separate passes' scales, and the quantize calls given
     them the very outputs of the calls that take their own, stochastic rounding's draws included."""
     nvfp4, amax = kernels.nvfp4, kernels.nvfp4_amax
-    x = _input(shape, 3.0, dtype)
+    x = oracle.cuda_input(shape, 3.0, dtype)
     scales = amax.rows_and_rht_columns_scales(x)
     separate = amax.rht_global_scales(x)
     assert torch.equal(scales[[0, 1, 3]], separate[[0, 1, 3]]) and torch.equal(scales[2:3], amax.tensor_amax(x))
@@ -289,7 +277,7 @@ def test_shared_scales_equal_the_separate_passes(kernels, shape, dtype):
         for given, alone in pairs:
             assert torch.equal(given.codes, alone.codes) and torch.equal(given.values, alone.values)
             assert torch.equal(given.block_scales.view(torch.uint8), alone.block_scales.view(torch.uint8))
-            _assert_bits_equal(given.decode_scale, alone.decode_scale, "decode scale")
+            oracle.assert_bits_equal(given.decode_scale, alone.decode_scale, "decode scale")
 
 
 def _kernel_launches(run) -> dict:
@@ -389,18 +377,18 @@ def test_gemm_output_epilogue_bit_identical(kernels, dtype):
     expected = torch.mul(out, decode, out=torch.empty(out.shape, dtype=dtype, device="cuda"))
     got = kernels.epilogue.scale_gemm_output(out.clone(), decode, dtype)
     assert got.dtype == dtype
-    _assert_bits_equal(got, expected, f"epilogue to {dtype}")
+    oracle.assert_bits_equal(got, expected, f"epilogue to {dtype}")
     zeros = expected.float() == 0
     assert torch.equal(torch.signbit(got.float()[zeros]), torch.signbit(expected.float()[zeros]))
     if dtype == torch.bfloat16:
         buffer = out.clone()
         widened = kernels.epilogue.scale_gemm_output(buffer, decode, dtype, widen_to=torch.float32)
         assert widened.dtype == torch.float32 and widened.data_ptr() == buffer.data_ptr()  # in place
-        _assert_bits_equal(widened, expected.float(), "epilogue widened to fp32")
+        oracle.assert_bits_equal(widened, expected.float(), "epilogue widened to fp32")
     # No decode scale (MX formats): the rounding alone.
     no_scale = kernels.epilogue.scale_gemm_output(out.clone(), None, dtype)
-    _assert_bits_equal(no_scale, out.to(dtype), f"epilogue without a scale to {dtype}")
+    oracle.assert_bits_equal(no_scale, out.to(dtype), f"epilogue without a scale to {dtype}")
     if dtype == torch.bfloat16:
         buffer = out.clone()
         widened = kernels.epilogue.scale_gemm_output(buffer, None, dtype, widen_to=torch.float32)
-        _assert_bits_equal(widened, out.to(dtype).float(), "epilogue without a scale widened to fp32")
+        oracle.assert_bits_equal(widened, out.to(dtype).float(), "epilogue without a scale widened to fp32")
