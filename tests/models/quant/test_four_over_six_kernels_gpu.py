@@ -23,16 +23,6 @@ pytestmark = pytest.mark.gpu
 SHAPES = [(16, 16), (80, 400), (256, 1024), (8192, 5120)]
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    pytest.importorskip("triton")
-    from models.quant import kernels as package
-
-    package.use_triton(True)
-    assert package.enabled()
-    return package
-
-
 def _compare(out, reference, *, transposed: bool, what: str):
     view = (lambda t: t.t()) if transposed else (lambda t: t)
     oracle.assert_bits_equal(view(out.values), reference.scaled_values(out.values.dtype), f"{what} scaled values")

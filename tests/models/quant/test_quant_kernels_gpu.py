@@ -26,17 +26,6 @@ SHAPES = [(16, 16), (80, 400), (256, 1024), (8192, 5120)]
 SCALES = [1e-3, 1.0, 3e3]
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    """The kernels package (its families: kernels.nvfp4, kernels.nvfp4_amax, kernels.epilogue)."""
-    pytest.importorskip("triton")
-    from models.quant import kernels as package
-
-    package.use_triton(True)
-    assert package.enabled()
-    return package
-
-
 def _options(kernels, **changes):
     return dataclasses.replace(kernels.options.NVFP4_OPTIONS, **changes)
 
