@@ -46,9 +46,13 @@ PRECISIONS = {
     "fp8_lm_head": ["precision=fp8", "precision.backend=torch", "precision.quantize_lm_head=true"],
     "fp8_tensor": ["precision=fp8", "precision.format=fp8_tensor", "precision.backend=torch"],
     "nvfp4": ["precision=nvfp4", "precision.backend=emulated"],
-    # The study's Four Over Six arm: the NVFP4 recipe with every operand choosing its block scales.
+    # The study's other 4-bit arms, the NVFP4 recipe with one change each (results/study/study.yaml):
+    # MXFP4 blocks and scales, Four Over Six block scales on every operand, UE5M3 block scales.
+    "mxfp4": ["precision=nvfp4", "precision.format=mxfp4", "precision.name=mxfp4", "precision.backend=emulated"],
     "nvfp4_4over6": ["precision=nvfp4", "precision.format=nvfp4_4over6", "precision.name=nvfp4_4over6",
                      "precision.backend=emulated"],
+    "nvfp4_ue5m3": ["precision=nvfp4", "precision.format=nvfp4_ue5m3", "precision.name=nvfp4_ue5m3",
+                    "precision.backend=emulated"],
     "nvfp4_te": ["precision=nvfp4", "precision.backend=te"],
     "fp8_te": ["precision=fp8", "precision.backend=te"],
 }

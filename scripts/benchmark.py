@@ -15,7 +15,8 @@ profiler's CUDA kernel times. JSON to --out. The work: benchmarks/step.py.
 
     python scripts/benchmark.py --out benchmark.json
     python scripts/benchmark.py --precisions bf16,fp8 --compile --activation-checkpoint none
-    python scripts/benchmark.py --model study --precisions nvfp4,nvfp4_4over6 --compile   # the study's 4/6 arm
+    python scripts/benchmark.py --model study --seq-len 1024 --micro-batch 32 --compile \
+        --precisions nvfp4,mxfp4,nvfp4_4over6,nvfp4_ue5m3   # the study's 4-bit arms at the study's step
 """
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ FORMAT_SPECS["nvfp4_4over6"] = dataclasses.replace(
 )
 FORMAT_SPECS["nvfp4_ue5m3"] = dataclasses.replace(
     FORMAT_SPECS["nvfp4"], name="nvfp4_ue5m3", label="NVFP4 with UE5M3 block scales (E2M1, 1x16 / 16x16 + fp32 tensor scale)",
-    element_format=ELEMENT_FORMATS["nvfp4_ue5m3"], native={}, te_recipe=None, quantize_kernel=None,
+    element_format=ELEMENT_FORMATS["nvfp4_ue5m3"], native={}, te_recipe=None,
     linear_spec=lambda cfg, **gemms: _nvfp4_linear_spec(cfg, four_over_six=(), fmt="nvfp4_ue5m3", **gemms),
 )
 

@@ -82,7 +82,8 @@ def test_every_benchmark_precision_composes_to_its_format():
     from models.quant.recipe import apply_precision
 
     expected = {"bf16": "bf16", "fp8": "fp8_block", "fp8_lm_head": "fp8_block", "fp8_tensor": "fp8_tensor",
-                "nvfp4": "nvfp4", "nvfp4_4over6": "nvfp4_4over6", "nvfp4_te": "nvfp4", "fp8_te": "fp8_block"}
+                "nvfp4": "nvfp4", "mxfp4": "mxfp4", "nvfp4_4over6": "nvfp4_4over6", "nvfp4_ue5m3": "nvfp4_ue5m3",
+                "nvfp4_te": "nvfp4", "fp8_te": "fp8_block"}
     assert set(PRECISIONS) == set(expected)
     for precision, fmt in expected.items():
         cfg = build_config(precision, StepBenchmark(model="study", seq_len=256))

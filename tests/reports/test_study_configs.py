@@ -166,6 +166,17 @@ def test_four_over_six_changes_only_the_block_scale_choice(configs, study_model)
             == without(configs["nvfp4"], "precision.format", "precision.name"))
 
 
+def test_ue5m3_changes_only_the_element_format(configs, study_model):
+    """Every operand of the quantized layers takes UE5M3 block scales; tiles, rounding, RHT and Four Over Six
+    stay the recipe's, and the config differs in the format and name only."""
+    changed = changed_operands(configs, study_model, "nvfp4_ue5m3")
+    assert set(changed) == set(operand_table(configs["nvfp4"], study_model))  # every operand
+    for before, after in changed.values():
+        assert (before[0], after[0]) == ("nvfp4", "nvfp4_ue5m3") and before[1:] == after[1:]
+    assert (without(configs["nvfp4_ue5m3"], "precision.format", "precision.name")
+            == without(configs["nvfp4"], "precision.format", "precision.name"))
+
+
 def test_late_switch_keeps_the_plan_and_switches_at_80_percent(configs, study_model):
     assert changed_operands(configs, study_model, "nvfp4_late_bf16") == {}
     cfg = configs["nvfp4_late_bf16"]

@@ -22,6 +22,11 @@ Inf, and a non-finite amax gives a NaN decode scale, as in the reference. Litera
 kernels: 0.16666666666666666 = 1/6 (becomes fp32(1/6), TE's constexpr 1.0f / 6.0f),
 3.4028234663852886e38 = FLT_MAX.
 
+UE5M3 block scales (``fmt="nvfp4_ue5m3"``, the element format ``nvfp4_ue5m3``; torch reference: the same
+``quantize`` with that format): the rows and columns kernels under their UE5M3 constexpr round each block
+scale with ``ue5m3_round`` instead of ``e4m3_round`` and take S_enc = 688128 / amax; the block scales
+come out as uint8 UE5M3 codes. Everything else (RHT, stochastic rounding, 2D) is unchanged.
+
 Four Over Six (``four_over_six="mse"`` or ``"mae"``, from ``OperandSpec.four_over_six``; the torch
 reference is ``formats.four_over_six``): the amax passes and the in-kernel scales take S_enc = 1536 / amax,
 and each block is quantized with both candidate scales, keeping the lower-error one
@@ -42,8 +47,10 @@ from typing import Optional, Tuple
 import torch
 
 from models.quant.formats import QuantizedTensor, quantize
+from models.quant.formats.elements import ue5m3_codes
+from models.quant.formats.nvfp4 import SCALE_BOUNDS
 from models.quant.kernels.fp4_common import KERNEL_INPUT_DTYPES
-from models.quant.kernels.nvfp4_amax import rht_global_scales, rows_and_rht_columns_scales, tensor_amax
+from models.quant.kernels.nvfp4_amax import rht_global_scales, rows_and_rht_columns_scales, tensor_amax, ue5m3_scales
 from models.quant.kernels.nvfp4_four_over_six import four_over_six_code
 from models.quant.kernels.options import NVFP4_OPTIONS, Nvfp4Options
 from models.quant.kernels.triton_common import (
@@ -58,18 +65,24 @@ from models.quant.rht import rht as random_hadamard_transform
 
 
 def quantize_rows_ref(x: torch.Tensor, *, two_d: bool = False, four_over_six: Optional[str] = None,
-                      **rounding) -> QuantizedTensor:
+                      fmt: str = "nvfp4", **rounding) -> QuantizedTensor:
     """The torch reference of ``quantize_rows`` (round to nearest; ``rounding``: quantize()'s rounding
     and uniform, for stochastic rounding with the kernel's draws)."""
-    return quantize(x, "nvfp4", tile=(16, 16) if two_d else (1, 16), four_over_six=four_over_six, **rounding)
+    return quantize(x, fmt, tile=(16, 16) if two_d else (1, 16), four_over_six=four_over_six, **rounding)
 
 
 def quantize_columns_ref(x: torch.Tensor, *, rht: bool = False, four_over_six: Optional[str] = None,
-                         **rounding) -> QuantizedTensor:
+                         fmt: str = "nvfp4", **rounding) -> QuantizedTensor:
     """The torch reference of ``quantize_columns`` (round to nearest), in the operand's [cols, rows]
     layout: the kernel's outputs transposed."""
-    return quantize(random_hadamard_transform(x.t()) if rht else x.t(), "nvfp4", four_over_six=four_over_six,
+    return quantize(random_hadamard_transform(x.t()) if rht else x.t(), fmt, four_over_six=four_over_six,
                     **rounding)
+
+
+def block_scale_codes(reference: QuantizedTensor) -> torch.Tensor:
+    """A reference's block scales as the uint8 codes the kernels write (E4M3 bits, or UE5M3 codes)."""
+    scales = reference.block_scales
+    return scales.view(torch.uint8) if scales.dtype == torch.float8_e4m3fn else ue5m3_codes(scales)
 
 
 @dataclass
@@ -77,8 +90,8 @@ class KernelQuantized:
     """Output of a kernel, in the input's [rows, cols] layout.
 
     values: q * s_b (scaled values, without the per-tensor decode scale), ``out_dtype``.
-    block_scales: float8_e4m3fn; rows: [rows, cols/16]; two_d: [rows/16, cols/16];
-        columns: [rows/16, cols].
+    block_scales: float8_e4m3fn (uint8 UE5M3 codes for nvfp4_ue5m3); rows: [rows, cols/16];
+        two_d: [rows/16, cols/16]; columns: [rows/16, cols].
     decode_scale: fp32 [1], 1/S_enc (NaN if the input had NaN/Inf).
     codes: uint8 E2M1 codes [rows, cols] (bit 3 sign), or None when not asked for.
     """
@@ -111,18 +124,18 @@ if triton is not None:
         choose,
         tile_sum_of_rows,
     )
-    from models.quant.kernels.triton_common import abs_nan_to_inf, e4m3_round
+    from models.quant.kernels.triton_common import abs_nan_to_inf, e4m3_round, ue5m3_round
 
     @triton.jit
     def _load_global_scales(global_ptr, amax_ptr, first_program, SCALES_FROM_AMAX: tl.constexpr,
-                            FOUR_OVER_SIX: tl.constexpr):
+                            FOUR_OVER_SIX: tl.constexpr, UE5M3: tl.constexpr):
         """(S_enc, S_dec, amax): from the finalize kernel's output [S_enc, S_dec, -, amax], or
         (SCALES_FROM_AMAX) computed here from the tensor's fp32 amax, the first program writing them to
         global_ptr for the GEMM. Every program computes the same numbers. The amax (which only Four
         Over Six's errors take) is 0 without FOUR_OVER_SIX."""
         if SCALES_FROM_AMAX:
             amax = abs_nan_to_inf(tl.load(amax_ptr).to(tl.float32))
-            encode, decode = tensor_scales(amax, FOUR_OVER_SIX)
+            encode, decode = tensor_scales(amax, FOUR_OVER_SIX, UE5M3)
             if first_program:
                 tl.store(global_ptr, encode)
                 tl.store(global_ptr + 1, decode)
@@ -136,9 +149,13 @@ if triton is not None:
         return encode, decode, amax
 
     @triton.jit
-    def _e4m3_scale(value):
-        """E4M3 RNE of value >= 0 (or NaN), saturating at 448: (fp32 value, uint8 code)."""
-        rounded, code = e4m3_round(value)
+    def _block_scale(value, UE5M3: tl.constexpr):
+        """The block scale of value >= 0 (or NaN), RNE: E4M3 saturating at 448, or (UE5M3) UE5M3
+        saturating at 114688. Returns (fp32 value, uint8 code)."""
+        if UE5M3:
+            rounded, code = ue5m3_round(value)
+        else:
+            rounded, code = e4m3_round(value)
         return rounded, code.to(tl.uint8)
 
     @triton.jit
@@ -158,10 +175,12 @@ if triton is not None:
         STOCHASTIC: tl.constexpr,
         WRITE_CODES: tl.constexpr,
         SCALES_FROM_AMAX: tl.constexpr,
+        UE5M3: tl.constexpr,
     ):
         """One [BLOCK_R, BLOCK_C] tile: 1x16 blocks along cols, or (TWO_D, BLOCK_R == 16) 16x16 tiles."""
         pid_r, pid_c = tile_of_program(tl.cdiv(cols, BLOCK_C), True)
-        encode, decode, _ = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), SCALES_FROM_AMAX, 0)
+        encode, decode, _ = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), SCALES_FROM_AMAX, 0,
+                                                UE5M3)
         row = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (row < rows)[:, None] & (col < cols)[None, :]
@@ -177,11 +196,11 @@ if triton is not None:
             # (255 registers, spilled, 6-7x slower).
             column_amax = tl.max(tl.abs(x), axis=0)  # [BLOCK_C]: rows pid_r*16 .. +16
             tile_amax = tl.max(tl.reshape(column_amax, [BLOCK_C // 16, 16]), axis=1)  # [BLOCK_C / 16]
-            tile_scale, tile_code = _e4m3_scale(tile_amax * (encode * 0.16666666666666666))
+            tile_scale, tile_code = _block_scale(tile_amax * (encode * 0.16666666666666666), UE5M3)
             tl.store(scales_ptr + pid_r * scale_cols + scale_col, tile_code, mask=scale_col < scale_cols)
             scale = tl.broadcast_to(tl.reshape(tile_scale, [1, BLOCK_C // 16]), [BLOCK_R, BLOCK_C // 16])
         else:
-            scale, code = _e4m3_scale(block_amax * (encode * 0.16666666666666666))
+            scale, code = _block_scale(block_amax * (encode * 0.16666666666666666), UE5M3)
             scale_mask = (row < rows)[:, None] & (scale_col < scale_cols)[None, :]
             scale_offsets = row.to(tl.int64)[:, None] * scale_cols + scale_col[None, :]
             tl.store(scales_ptr + scale_offsets, code, mask=scale_mask)
@@ -222,11 +241,12 @@ if triton is not None:
         WRITE_CODES: tl.constexpr,
         SCALES_FROM_AMAX: tl.constexpr,
         FOUR_OVER_SIX: tl.constexpr,  # 0: off, 1: Four Over Six by MSE, 2: by MAE
+        UE5M3: tl.constexpr,  # UE5M3 block scales (not with FOUR_OVER_SIX)
     ):
         """GROUPS groups of 16 rows x BLOCK_C cols; blocks are 16x1 (down the columns)."""
         pid_g, pid_c = tile_of_program(tl.cdiv(cols, BLOCK_C), True)
         encode, decode, amax = _load_global_scales(global_ptr, amax_ptr, (pid_g == 0) & (pid_c == 0),
-                                                   SCALES_FROM_AMAX, FOUR_OVER_SIX)
+                                                   SCALES_FROM_AMAX, FOUR_OVER_SIX, UE5M3)
         group = pid_g * GROUPS + tl.arange(0, GROUPS)
         col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (group < groups)[:, None] & (col < cols)[None, :]
@@ -243,7 +263,7 @@ if triton is not None:
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
                 block_amax, encode, decode, amax, FOUR_OVER_SIX)
         else:
-            scale, scale_code = _e4m3_scale(block_amax * (encode * 0.16666666666666666))
+            scale, scale_code = _block_scale(block_amax * (encode * 0.16666666666666666), UE5M3)
             reciprocal = block_reciprocal(scale, decode)
         scale_offsets = group.to(tl.int64)[:, None] * cols + col[None, :]
         tl.store(scales_ptr + scale_offsets, scale_code.to(tl.uint8), mask=mask)
@@ -291,7 +311,7 @@ if triton is not None:
         scale_cols = cols // 16
         pid_r, pid_c = tile_of_program(tl.cdiv(scale_cols, BLOCKS), True)
         encode, decode, amax = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), True,
-                                                   FOUR_OVER_SIX)
+                                                   FOUR_OVER_SIX, False)
         row = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         block = pid_c * BLOCKS + tl.arange(0, BLOCKS)
         mask = (row < rows)[:, None] & (block < scale_cols)[None, :]
@@ -341,29 +361,39 @@ def _check(x: torch.Tensor, rows_multiple: int, what: str, name: Optional[str]) 
     check_input(x, dtypes=KERNEL_INPUT_DTYPES, cols_multiple=16, rows_multiple=rows_multiple, what=what, name=name)
 
 
+def _check_variant(fmt: str, four_over_six: Optional[str]) -> bool:
+    """The UE5M3 constexpr of (fmt, four_over_six); ValueError for an unknown format or Four Over Six with
+    UE5M3 scales (a combination the torch reference does not define either)."""
+    ue5m3 = ue5m3_scales(fmt)
+    if ue5m3 and four_over_six is not None:
+        raise ValueError(f"Four Over Six takes E4M3 block scales (nvfp4), not {fmt}")
+    return ue5m3
+
+
 def _global_scales_or_amax(x: torch.Tensor, *, rht: bool, given: Optional[torch.Tensor], options: Nvfp4Options,
-                           four_over_six: bool = False):
+                           four_over_six: bool = False, fmt: str = "nvfp4"):
     """(global_scales [2] fp32, amax) for a quantize kernel. Without RHT there is no finalize launch:
     ``amax`` is max |x| (``tensor_amax``, or ``given``) and the kernel derives [S_enc, S_dec]
     itself, writing them into the (uninitialized) ``global_scales``; with RHT ``global_scales`` is
     rht_global_scales' output (or ``given``) and ``amax`` is that same tensor (a placeholder the
-    kernel ignores). ``four_over_six``: the RHT scales from Four Over Six's bound (given ones must be)."""
+    kernel ignores). ``four_over_six``, ``fmt``: the RHT scales from Four Over Six's or ``fmt``'s bound
+    (given ones must be)."""
     if given is not None and (given.dtype != torch.float32 or given.device != x.device
                               or given.numel() < (4 if rht else 1)):
         raise ValueError(f"precomputed {'global scales' if rht else 'amax'} must be fp32 on {x.device} with "
                          f"at least {4 if rht else 1} elements, got {given.dtype} {list(given.shape)} on {given.device}")
     if rht:
-        global_scales = (rht_global_scales(x, four_over_six=four_over_six, options=options) if given is None
-                         else given)
+        global_scales = (rht_global_scales(x, four_over_six=four_over_six, fmt=fmt, options=options)
+                         if given is None else given)
         return global_scales, global_scales
     amax = tensor_amax(x, options=options) if given is None else given
     return torch.empty(2, dtype=torch.float32, device=x.device), amax
 
 
-def _outputs(x, scales_shape, out_dtype, write_codes):
+def _outputs(x, scales_shape, out_dtype, write_codes, ue5m3):
     values = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if write_codes else values
-    scales = torch.empty(scales_shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(scales_shape, dtype=torch.uint8 if ue5m3 else torch.float8_e4m3fn, device=x.device)
     return values, codes, scales
 
 
@@ -379,22 +409,25 @@ def quantize_rows(
     amax: Optional[torch.Tensor] = None,
     name: Optional[str] = None,
     four_over_six: Optional[str] = None,
+    fmt: str = "nvfp4",
     options: Nvfp4Options = NVFP4_OPTIONS,
 ) -> KernelQuantized:
     """NVFP4 of a [rows, cols] CUDA tensor with 1x16 blocks along cols (or 16x16 tiles if two_d).
 
-    Equals ``quantize_rows_ref(x, two_d=two_d, four_over_six=four_over_six)`` for RNE. ``seed`` (int or
+    Equals ``quantize_rows_ref(x, two_d=two_d, four_over_six=four_over_six, fmt=fmt)`` for RNE. ``seed`` (int or
     1-element tensor) or ``generator`` seeds stochastic rounding; by default a seed is drawn from
     torch's global RNG on x's device (no host sync). ``amax``: max |x| already taken (fp32, its first
     element; element 2 of ``rows_and_rht_columns_scales``), which skips the amax pass.
-    ``four_over_six``: None, or Four Over Six with this candidate error ("mse", "mae").
+    ``four_over_six``: None, or Four Over Six with this candidate error ("mse", "mae"). ``fmt``: nvfp4,
+    or nvfp4_ue5m3 for UE5M3 block scales.
     """
     _check(x, 16 if two_d else 1, "nvfp4 quantize_rows", name)
+    ue5m3 = _check_variant(fmt, four_over_six)
     x = x.contiguous()
     rows, cols = x.shape
     global_scales, amax = _global_scales_or_amax(x, rht=False, given=amax, options=options)
     scales_shape = (rows // 16, cols // 16) if two_d else (rows, cols // 16)
-    values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes)
+    values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes, ue5m3)
     seed = seed_tensor(x, seed, generator) if stochastic else global_scales
     if four_over_six is not None:
         block_r, block_c, warps = options.two_d_four_over_six if two_d else options.rows_four_over_six
@@ -410,7 +443,7 @@ def quantize_rows(
     _quantize_rows_kernel[grid](
         x, values, codes, scales.view(torch.uint8), global_scales, amax, seed, rows, cols,
         BLOCK_R=block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic, WRITE_CODES=write_codes,
-        SCALES_FROM_AMAX=True, num_warps=warps, enable_fp_fusion=False,
+        SCALES_FROM_AMAX=True, UE5M3=ue5m3, num_warps=warps, enable_fp_fusion=False,
     )
     return KernelQuantized(values, scales, global_scales[1:2], codes if write_codes else None)
 
@@ -427,31 +460,33 @@ def quantize_columns(
     global_scales: Optional[torch.Tensor] = None,
     name: Optional[str] = None,
     four_over_six: Optional[str] = None,
+    fmt: str = "nvfp4",
     options: Nvfp4Options = NVFP4_OPTIONS,
 ) -> KernelQuantized:
     """NVFP4 of x [rows, cols] with 16x1 blocks along rows (dim 0), optionally after the RHT along rows.
 
-    Equals ``quantize_columns_ref(x, rht=rht, four_over_six=four_over_six)`` transposed back (RNE):
-    outputs are in x's layout, scales [rows / 16, cols]. ``global_scales`` (RHT only): [S_enc, S_dec,
-    -, amax] already taken (``rows_and_rht_columns_scales``, with the same ``four_over_six``), which
-    skips the amax pass; the returned decode scale is then a view of it.
+    Equals ``quantize_columns_ref(x, rht=rht, four_over_six=four_over_six, fmt=fmt)`` transposed back
+    (RNE): outputs are in x's layout, scales [rows / 16, cols]. ``global_scales`` (RHT only): [S_enc,
+    S_dec, -, amax] already taken (``rows_and_rht_columns_scales``, with the same ``four_over_six`` and
+    ``fmt``), which skips the amax pass; the returned decode scale is then a view of it.
     """
     if global_scales is not None and not rht:
         raise ValueError("nvfp4 quantize_columns takes precomputed global_scales with rht=True only")
     _check(x, 16, "nvfp4 quantize_columns", name)
+    ue5m3 = _check_variant(fmt, four_over_six)
     x = x.contiguous()
     rows, cols = x.shape
     groups_per_program, block_c, warps = options.columns_stochastic if stochastic else options.columns
     global_scales, amax = _global_scales_or_amax(x, rht=rht, given=global_scales, options=options,
-                                                 four_over_six=four_over_six is not None)
-    values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes)
+                                                 four_over_six=four_over_six is not None, fmt=fmt)
+    values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes, ue5m3)
     seed = seed_tensor(x, seed, generator) if stochastic else global_scales
     grid = (triton.cdiv(rows // 16, groups_per_program) * triton.cdiv(cols, block_c),)
     _quantize_columns_kernel[grid](
         x, values, codes, scales.view(torch.uint8), global_scales, amax, seed, rows // 16, cols,
         GROUPS=groups_per_program, BLOCK_C=block_c, RHT=rht, ROUND_BF16=bf16_rounding_mode(x, options.bf16_rounding),
         STOCHASTIC=stochastic, WRITE_CODES=write_codes, SCALES_FROM_AMAX=amax is not global_scales,
-        FOUR_OVER_SIX=four_over_six_code(four_over_six), num_warps=warps, enable_fp_fusion=False,
+        FOUR_OVER_SIX=four_over_six_code(four_over_six), UE5M3=ue5m3, num_warps=warps, enable_fp_fusion=False,
     )
     return KernelQuantized(values, scales, global_scales[1:2], codes if write_codes else None)
 
@@ -463,7 +498,7 @@ def quantize_columns(
 
 def operand_supported(tensor: torch.Tensor, spec, transpose: bool) -> bool:
     """Whether the kernels quantize this operand (else the layer runs the torch reference)."""
-    if not (enabled() and spec.fmt == "nvfp4" and tensor.is_cuda and tensor.dtype in KERNEL_INPUT_DTYPES
+    if not (enabled() and spec.fmt in SCALE_BOUNDS and tensor.is_cuda and tensor.dtype in KERNEL_INPUT_DTYPES
             and tensor.ndim == 2):
         return False
     if spec.rht and not transpose:  # the kernels apply the RHT along dim 0 only (Wgrad's case)
@@ -479,11 +514,14 @@ def shared_scales(tensor: torch.Tensor, rows_spec, columns_spec) -> Optional[tor
     same outputs (``rows_and_rht_columns_scales``)."""
     if rows_spec is None or columns_spec is None or rows_spec.tile != (1, 16) or columns_spec.tile != (1, 16):
         return None
+    if rows_spec.fmt != columns_spec.fmt:
+        return None
     if rows_spec.rht or not columns_spec.rht:
         return None
     if not (operand_supported(tensor, rows_spec, False) and operand_supported(tensor, columns_spec, True)):
         return None
-    return rows_and_rht_columns_scales(tensor, four_over_six=columns_spec.four_over_six is not None)
+    return rows_and_rht_columns_scales(tensor, four_over_six=columns_spec.four_over_six is not None,
+                                       fmt=columns_spec.fmt)
 
 
 def quantize_operand(tensor: torch.Tensor, spec, *, transpose: bool, seed: Optional[torch.Tensor],
@@ -494,9 +532,10 @@ def quantize_operand(tensor: torch.Tensor, spec, *, transpose: bool, seed: Optio
     stochastic = spec.rounding == "stochastic"
     if transpose and spec.tile == (1, 16):
         out = quantize_columns(tensor, rht=spec.rht, stochastic=stochastic, seed=seed, generator=generator,
-                               out_dtype=out_dtype, global_scales=scales, name=name, four_over_six=spec.four_over_six)
+                               out_dtype=out_dtype, global_scales=scales, name=name, four_over_six=spec.four_over_six,
+                               fmt=spec.fmt)
     else:  # rows, or a 16x16 tiling of the tensor itself (the torch path does the same: OperandSpec.transpose_invariant)
         out = quantize_rows(tensor, two_d=spec.tile == (16, 16), stochastic=stochastic, seed=seed,
                             generator=generator, out_dtype=out_dtype, amax=None if scales is None else scales[2:],
-                            name=name, four_over_six=spec.four_over_six)
+                            name=name, four_over_six=spec.four_over_six, fmt=spec.fmt)
     return (out.values.t() if transpose else out.values), out.decode_scale.reshape(())

@@ -1,7 +1,8 @@
 """NVFP4's per-tensor scales: the amax passes that come before the quantize kernels (kernels.nvfp4).
 
-NVFP4 scales every tensor by S_enc = 2688 / max |x| (1536 / max |x| with Four Over Six; TE's order,
-``tensor_scales`` below), so each quantize call first reads the whole operand:
+NVFP4 scales every tensor by S_enc = 2688 / max |x| (1536 / max |x| with Four Over Six, 688128 / max |x|
+with UE5M3 block scales; TE's order, ``tensor_scales`` below), so each quantize call first reads the
+whole operand:
 - without the RHT, ``tensor_amax``: chunks of 16K elements (more beyond 2^26 elements) per program,
   one atomic max each into a zeroed fp32; the quantize kernels derive [S_enc, S_dec] from it
   themselves (no finalize launch);
@@ -23,9 +24,8 @@ from typing import Optional
 
 import torch
 
-from models.quant.element_formats import E4M3_MAX
 from models.quant.formats.four_over_six import FOUR_OVER_SIX_BOUND
-from models.quant.formats.nvfp4 import nvfp4_global_scales
+from models.quant.formats.nvfp4 import SCALE_BOUNDS, nvfp4_global_scales
 from models.quant.kernels.fp4_common import KERNEL_INPUT_DTYPES
 from models.quant.kernels.options import NVFP4_OPTIONS, Nvfp4Options
 from models.quant.kernels.triton_common import bf16_rounding_mode, check_input, tl, triton
@@ -41,10 +41,10 @@ def tensor_amax_ref(x: torch.Tensor) -> torch.Tensor:
     return torch.where(amax.isnan(), torch.full_like(amax, float("inf")), amax)
 
 
-def rht_global_scales_ref(x: torch.Tensor, four_over_six: bool = False) -> torch.Tensor:
-    """[S_enc, S_dec] of ``rht(x.t())``, the scales of ``formats.quantize(rht(x.t()), "nvfp4")`` (with
+def rht_global_scales_ref(x: torch.Tensor, four_over_six: bool = False, fmt: str = "nvfp4") -> torch.Tensor:
+    """[S_enc, S_dec] of ``rht(x.t())``, the scales of ``formats.quantize(rht(x.t()), fmt)`` (with
     ``four_over_six``: of Four Over Six, whose bound is 256)."""
-    bound = FOUR_OVER_SIX_BOUND if four_over_six else E4M3_MAX
+    bound = FOUR_OVER_SIX_BOUND if four_over_six else SCALE_BOUNDS[fmt]
     return torch.stack(nvfp4_global_scales(rht(x.t()).float().abs().amax(), bound))
 
 
@@ -54,13 +54,15 @@ if triton is not None:
     from models.quant.kernels.triton_common import abs_nan_to_inf, nan_fp32
 
     @triton.jit
-    def tensor_scales(amax, FOUR_OVER_SIX: tl.constexpr):
+    def tensor_scales(amax, FOUR_OVER_SIX: tl.constexpr, UE5M3: tl.constexpr):
         """(S_enc, S_dec) of the tensor's fp32 amax >= 0 (+Inf for NaN/Inf), TE's order:
         S_enc = min(2688 / amax, FLT_MAX); 1 if amax == 0 or S_enc == 0; NaN if amax is not finite.
         (Literals: 2688 = 448 * 6; 1536 = 256 * 6, Four Over Six's bound (FOUR_OVER_SIX != 0);
-        3.4028234663852886e38 = FLT_MAX.)"""
+        688128 = 114688 * 6, UE5M3's largest scale (UE5M3); 3.4028234663852886e38 = FLT_MAX.)"""
         if FOUR_OVER_SIX != 0:
             encode = tl.math.div_rn(tl.full([], 1536.0, tl.float32), amax)
+        elif UE5M3:
+            encode = tl.math.div_rn(tl.full([], 688128.0, tl.float32), amax)
         else:
             encode = tl.math.div_rn(tl.full([], 2688.0, tl.float32), amax)
         encode = tl.where(encode > 3.4028234663852886e38, 3.4028234663852886e38, encode)
@@ -71,15 +73,15 @@ if triton is not None:
 
     @triton.jit
     def _finalize_scales_kernel(partials_ptr, num_partials, global_ptr, PARTIALS_POW2: tl.constexpr,
-                                PLAIN_AMAX: tl.constexpr, FOUR_OVER_SIX: tl.constexpr):
+                                PLAIN_AMAX: tl.constexpr, FOUR_OVER_SIX: tl.constexpr, UE5M3: tl.constexpr):
         """One program: tensor amax from the fp32 partials -> global_ptr = [S_enc, S_dec, (max |x|), amax].
         PLAIN_AMAX: partials_ptr[num_partials:2 num_partials] hold max |x| too (the untransformed
         values), reduced into global_ptr[2]. global_ptr[3]: the transformed tensor's amax, which Four
-        Over Six's candidate errors take (FOUR_OVER_SIX: S_enc from the bound 256)."""
+        Over Six's candidate errors take (FOUR_OVER_SIX: S_enc from the bound 256; UE5M3: from 114688)."""
         index = tl.arange(0, PARTIALS_POW2)
         partials = tl.load(partials_ptr + index, mask=index < num_partials, other=0.0).to(tl.float32)
         amax = tl.max(abs_nan_to_inf(partials), axis=0)
-        encode, decode = tensor_scales(amax, FOUR_OVER_SIX)
+        encode, decode = tensor_scales(amax, FOUR_OVER_SIX, UE5M3)
         tl.store(global_ptr, encode)
         tl.store(global_ptr + 1, decode)
         tl.store(global_ptr + 3, amax)
@@ -146,6 +148,14 @@ if triton is not None:
             tl.store(partials_ptr + num_programs + pid, tl.max(tl.max(plain_accumulator, axis=1), axis=0))
 
 
+def ue5m3_scales(fmt: str) -> bool:
+    """The kernels' UE5M3 constexpr: whether element format ``fmt`` (nvfp4, nvfp4_ue5m3) has UE5M3
+    block scales; ValueError for a format these kernels do not quantize."""
+    if fmt not in SCALE_BOUNDS:
+        raise ValueError(f"the NVFP4 kernels quantize {sorted(SCALE_BOUNDS)}, not {fmt!r}")
+    return fmt == "nvfp4_ue5m3"
+
+
 def _amax_programs(x: torch.Tensor, num_tiles: int, options: Nvfp4Options) -> int:
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 2
     return max(1, min(num_tiles, options.amax_programs_per_sm * sms, MAX_PARTIALS))
@@ -165,10 +175,11 @@ def tensor_amax(x: torch.Tensor, *, options: Nvfp4Options = NVFP4_OPTIONS) -> to
 
 
 def rht_global_scales(x: torch.Tensor, *, plain_amax: bool = False, four_over_six: bool = False,
-                      options: Nvfp4Options = NVFP4_OPTIONS) -> torch.Tensor:
+                      fmt: str = "nvfp4", options: Nvfp4Options = NVFP4_OPTIONS) -> torch.Tensor:
     """[S_enc, S_dec, max |x| (plain_amax) or unset, amax] (fp32, on x's device) from amax = max |rht along
     dim 0 (x)| (``rht_global_scales_ref``): the persistent RHT amax pass, then a one-program finalize.
-    ``four_over_six``: S_enc = 1536 / amax (Four Over Six's bound 256) instead of 2688 / amax.
+    ``four_over_six``: S_enc = 1536 / amax (Four Over Six's bound 256) instead of 2688 / amax;
+    ``fmt`` "nvfp4_ue5m3": 688128 / amax (UE5M3's largest scale, 114688).
 
     ``plain_amax``: [S_enc, S_dec, max |x|] from the same read, the third element being what
     ``tensor_amax(x)`` returns. An operand quantized both along rows (1x16, no RHT) and along columns
@@ -190,16 +201,17 @@ def rht_global_scales(x: torch.Tensor, *, plain_amax: bool = False, four_over_si
     global_scales = torch.empty(4, dtype=torch.float32, device=x.device)
     _finalize_scales_kernel[(1,)](
         partials, programs, global_scales, PARTIALS_POW2=max(32, triton.next_power_of_2(programs)),
-        PLAIN_AMAX=plain_amax, FOUR_OVER_SIX=four_over_six, num_warps=4, enable_fp_fusion=False,
+        PLAIN_AMAX=plain_amax, FOUR_OVER_SIX=four_over_six, UE5M3=ue5m3_scales(fmt), num_warps=4,
+        enable_fp_fusion=False,
     )
     return global_scales
 
 
 def rows_and_rht_columns_scales(x: torch.Tensor, *, name: Optional[str] = None, four_over_six: bool = False,
-                                options: Nvfp4Options = NVFP4_OPTIONS) -> torch.Tensor:
+                                fmt: str = "nvfp4", options: Nvfp4Options = NVFP4_OPTIONS) -> torch.Tensor:
     """``rht_global_scales(x, plain_amax=True)`` with the input checks: [S_enc, S_dec] of the RHT
     columns orientation and max |x| for the rows orientation, from one read of x (rows % 16 == 0).
     ``four_over_six``: the columns orientation's S_enc is Four Over Six's."""
     check_input(x, dtypes=KERNEL_INPUT_DTYPES, cols_multiple=16, rows_multiple=16,
                 what="rows_and_rht_columns_scales", name=name)
-    return rht_global_scales(x, plain_amax=True, four_over_six=four_over_six, options=options)
+    return rht_global_scales(x, plain_amax=True, four_over_six=four_over_six, fmt=fmt, options=options)

@@ -19,6 +19,9 @@ to even (fp32's quantum at C is E4M3's at |v|); C = 2^14 in E4M3's subnormal ran
 |v| saturates at 448 first. The code bits are assembled from the rounded value, so a carry into the
 next binade comes out right (Triton's interpreter mis-rounds exactly those carries in its fp8 cast).
 Source of the E4M3 layout: OCP 8-bit floating point spec (OFP8), E4M3 (bias 7, no Inf, 0x7F NaN).
+UE5M3 (``ue5m3_round``, NVFP4's block scales in the ``nvfp4_ue5m3`` variant) is the same rounding with
+E4M3's sign bit given to the exponent: bias 15, 0xFF NaN, largest 114688, quantum 2^-17 below 2^-14
+(``models.quant.formats.elements.round_ue5m3`` is its torch reference).
 
 bf16 rounding (``round_to_bf16``): by integer arithmetic on the bits (add 0x7FFF plus the lowest
 kept bit, mask), identical to ``tensor.to(torch.bfloat16)``, or by the backend's fp32 -> bf16
@@ -140,6 +143,22 @@ if triton is not None:
         subnormal_code = (rounded * 512.0).to(tl.int32)
         code = tl.where(rounded >= 0.015625, normal_code, subnormal_code)
         code = tl.where(rounded == rounded, code, 0x7F)
+        return rounded, code
+
+    @triton.jit
+    def ue5m3_round(magnitude):
+        """UE5M3 RNE of fp32 magnitude >= 0 (or NaN), saturating at 114688: (rounded fp32, int32 code).
+        E4M3's construction with 5 exponent bits: C = 2^(e + 20), at least 2^6 (quantum 2^-17 in the
+        subnormal range); codes ((e + 15) << 3) | mantissa, m * 2^17 below 2^-14, 0xFF for NaN."""
+        magnitude = tl.where(magnitude > 114688.0, 114688.0, magnitude)
+        biased_exponent = (magnitude.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        magic = (tl.maximum(biased_exponent + 20, 133) << 23).to(tl.float32, bitcast=True)
+        rounded = (magnitude + magic) - magic
+        rounded_bits = rounded.to(tl.int32, bitcast=True)
+        normal_code = ((((rounded_bits >> 23) & 0xFF) - 112) << 3) | ((rounded_bits >> 20) & 7)
+        subnormal_code = (rounded * 131072.0).to(tl.int32)
+        code = tl.where(rounded >= 0.00006103515625, normal_code, subnormal_code)
+        code = tl.where(rounded == rounded, code, 0xFF)
         return rounded, code
 
     @triton.jit

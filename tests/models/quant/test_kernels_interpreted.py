@@ -34,7 +34,8 @@ ROOT = HERE.parents[2]
 
 @pytest.mark.skipif(not _interpreter_handles_this_numpy(),
                     reason="Triton < 3.7's interpreter fails under numpy >= 2.4 (triton-lang/triton#9171)")
-@pytest.mark.parametrize("script", ["kernels_interpreted.py", "kernels_interpreted_four_over_six.py"])
+@pytest.mark.parametrize("script", ["kernels_interpreted.py", "kernels_interpreted_four_over_six.py",
+                                    "kernels_interpreted_ue5m3.py"])
 def test_kernels_match_the_torch_references_under_the_interpreter(script):
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])}
