@@ -93,18 +93,20 @@ def _bf16_rounding_constexpr(input_dtype: str, rounding: str) -> int:
     return bf16_rounding_mode(torch.empty(0, dtype=torch.bfloat16 if input_dtype == "bf16" else torch.float32), rounding)
 
 
-def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int, narrow: bool = False):
+def _rows_variant(input_dtype: str, *, two_d: bool, stochastic: bool, capability: int, narrow: bool = False,
+                  ue5m3: bool = False):
     options = NVFP4_OPTIONS
     block_r, block_c, warps = options.two_d if two_d else options.rows_narrow if narrow else options.rows
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
                  "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
                  "rows": "i32", "cols": "i32"}
     constexprs = dict(BLOCK_R=block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic,
-                      WRITE_CODES=False, SCALES_FROM_AMAX=True)
+                      WRITE_CODES=False, SCALES_FROM_AMAX=True, UE5M3=ue5m3)
     return _compile(nvfp4._quantize_rows_kernel, signature, constexprs, warps, capability)
 
 
-def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capability: int, four_over_six: int = 0):
+def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capability: int, four_over_six: int = 0,
+                     ue5m3: bool = False):
     options = NVFP4_OPTIONS
     groups, block_c, warps = options.columns_stochastic if stochastic else options.columns
     signature = {"x_ptr": POINTER_DTYPES[input_dtype], "values_ptr": "*bf16", "codes_ptr": "*u8",
@@ -112,7 +114,8 @@ def _columns_variant(input_dtype: str, *, rht: bool, stochastic: bool, capabilit
                  "groups": "i32", "cols": "i32"}
     constexprs = dict(GROUPS=groups, BLOCK_C=block_c, RHT=rht,
                       ROUND_BF16=_bf16_rounding_constexpr(input_dtype, options.bf16_rounding),
-                      STOCHASTIC=stochastic, WRITE_CODES=False, SCALES_FROM_AMAX=not rht, FOUR_OVER_SIX=four_over_six)
+                      STOCHASTIC=stochastic, WRITE_CODES=False, SCALES_FROM_AMAX=not rht, FOUR_OVER_SIX=four_over_six,
+                      UE5M3=ue5m3)
     return _compile(nvfp4._quantize_columns_kernel, signature, constexprs, warps, capability)
 
 
@@ -185,6 +188,12 @@ VARIANTS = {
                                                                four_over_six=1),
     "4/6 columns RHT SR": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=True, capability=cc,
                                                               four_over_six=1),
+    "UE5M3 rows 1x16 SR": lambda dtype, cc: _rows_variant(dtype, two_d=False, stochastic=True, capability=cc,
+                                                          ue5m3=True),
+    "UE5M3 2D 16x16 RNE": lambda dtype, cc: _rows_variant(dtype, two_d=True, stochastic=False, capability=cc,
+                                                          ue5m3=True),
+    "UE5M3 columns RHT SR": lambda dtype, cc: _columns_variant(dtype, rht=True, stochastic=True, capability=cc,
+                                                               ue5m3=True),
     "mx rows 1x32 RNE": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=False, capability=cc),
     "mx rows 1x32 SR": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=True, capability=cc),
     "mx rows 1x32 RNE, narrow": lambda dtype, cc: _mx_rows_variant(dtype, stochastic=False, capability=cc, narrow=True),
