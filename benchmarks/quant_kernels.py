@@ -13,7 +13,8 @@ The kernels run with a few launch configurations, each a variant of the default 
 (``dataclasses.replace(NVFP4_OPTIONS, ...)``, the default listed first); the best one per kernel
 (graphed) is marked with *. Rows also time the amax passes alone (against a read of x), the RHT
 kernels' two bf16 roundings, and an operand's two orientations with one shared amax pass against
-two; and the MXFP4 kernels (kernels.mx) at their default launches. Before timing, each RNE kernel
+two; the NVFP4 variants (Four Over Six by MSE, UE5M3 block scales) and the MXFP4 kernels (kernels.mx)
+at their default launches. Before timing, each RNE kernel
 is checked bit for bit against its torch reference on the benchmark tensor.
 """
 
@@ -95,7 +96,9 @@ def check_identical(out, reference, transposed: bool) -> bool:
     scales = scales.t() if transposed else scales
     expected_values = reference.scaled_values(out.values.dtype)
     same_values = torch.equal(values, expected_values)
-    same_scales = torch.equal(scales, reference.block_scales.view(torch.uint8))
+    expected_scales = (reference.block_scales.view(torch.uint8) if reference.block_scales.dtype != torch.float32
+                       else nvfp4.block_scale_codes(reference))  # UE5M3 scales: the reference holds fp32 values
+    same_scales = torch.equal(scales, expected_scales)
     if not hasattr(out, "decode_scale"):  # MXFP4: no per-tensor scale
         return bool(same_values and same_scales)
     same_decode = torch.equal(out.decode_scale.reshape(()), reference.tensor_scale)
@@ -211,6 +214,21 @@ def bench_quantize(rows_count: int = 8192, cols: int = 5120, dtype_name: str = "
         measure("max|x| + RHT amax + finalize (read floor)",
                 lambda: nvfp4_amax.rows_and_rht_columns_scales(x, options=options), config=list(plain_config),
                 floor=read_floor_ms)
+
+    # --- NVFP4 variants (default launches): Four Over Six (MSE) and UE5M3 block scales, the study's arms ---
+    for label, keywords in (("4/6", dict(four_over_six="mse")), ("UE5M3", dict(fmt="nvfp4_ue5m3"))):
+        for name, run, reference, transposed in [
+            ("rows 1x16 RNE", lambda kw=keywords: nvfp4.quantize_rows(x, **kw),
+             lambda kw=keywords: quantize_rows_ref(x, **kw), False),
+            ("2D 16x16 RNE", lambda kw=keywords: nvfp4.quantize_rows(x, two_d=True, **kw),
+             lambda kw=keywords: quantize_rows_ref(x, two_d=True, **kw), False),
+            ("columns 16x1 RHT RNE", lambda kw=keywords: nvfp4.quantize_columns(x, rht=True, **kw),
+             lambda kw=keywords: quantize_columns_ref(x, rht=True, **kw), True),
+            ("columns 16x1 RHT SR", lambda kw=keywords: nvfp4.quantize_columns(x, rht=True, stochastic=True, seed=seed,
+                                                                                **kw), None, True),
+        ]:
+            identical = check_identical(run(), reference(), transposed) if reference is not None else None
+            measure(f"{label} {name}", run, identical=identical)
 
     # --- MXFP4 (kernels.mx, default launches): one launch per call, no amax pass ------------------
     if rows_count % 32 == 0 and cols % 32 == 0:  # MX blocks are 32 long, both ways
