@@ -132,34 +132,34 @@ if triton is not None:
         return tl.where(magnitude == magnitude, magnitude, inf_fp32())
 
     @triton.jit
-    def e4m3_round(magnitude):
-        """E4M3 RNE of fp32 magnitude >= 0 (or NaN), saturating at 448: (rounded fp32, int32 code, no sign)."""
-        magnitude = tl.where(magnitude > 448.0, 448.0, magnitude)
+    def round_3_mantissa_bits(magnitude, LARGEST: tl.constexpr, BIAS: tl.constexpr, NAN_CODE: tl.constexpr):
+        """RNE of fp32 magnitude >= 0 (or NaN) to an 8-bit float of 3 mantissa bits and exponent bias BIAS
+        (E4M3: 7; UE5M3: 15), saturating at LARGEST: (rounded fp32, int32 code without sign, NAN_CODE
+        for NaN). C = 2^(e + 20) for |v| in [2^e, 2^(e+1)), at least 2^(21 - BIAS), whose fp32 quantum is
+        the subnormal one, 2^(-BIAS - 2); normal codes ((e + BIAS) << 3) | mantissa from 2^(1 - BIAS)
+        up, subnormal codes v * 2^(BIAS + 2)."""
+        magnitude = tl.where(magnitude > LARGEST, LARGEST, magnitude)
         biased_exponent = (magnitude.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        magic = (tl.maximum(biased_exponent + 20, 141) << 23).to(tl.float32, bitcast=True)
+        magic = (tl.maximum(biased_exponent + 20, 148 - BIAS) << 23).to(tl.float32, bitcast=True)
         rounded = (magnitude + magic) - magic
         rounded_bits = rounded.to(tl.int32, bitcast=True)
-        normal_code = ((((rounded_bits >> 23) & 0xFF) - 120) << 3) | ((rounded_bits >> 20) & 7)
-        subnormal_code = (rounded * 512.0).to(tl.int32)
-        code = tl.where(rounded >= 0.015625, normal_code, subnormal_code)
-        code = tl.where(rounded == rounded, code, 0x7F)
+        rounded_exponent = (rounded_bits >> 23) & 0xFF
+        normal_code = ((rounded_exponent - (127 - BIAS)) << 3) | ((rounded_bits >> 20) & 7)
+        subnormal_units = tl.full([], (129 + BIAS) << 23, tl.int32).to(tl.float32, bitcast=True)  # 2^(BIAS + 2)
+        subnormal_code = (rounded * subnormal_units).to(tl.int32)
+        code = tl.where(rounded_exponent >= 128 - BIAS, normal_code, subnormal_code)
+        code = tl.where(rounded == rounded, code, NAN_CODE)
         return rounded, code
 
     @triton.jit
+    def e4m3_round(magnitude):
+        """E4M3 RNE of fp32 magnitude >= 0 (or NaN), saturating at 448: (rounded fp32, int32 code, no sign)."""
+        return round_3_mantissa_bits(magnitude, 448.0, 7, 0x7F)
+
+    @triton.jit
     def ue5m3_round(magnitude):
-        """UE5M3 RNE of fp32 magnitude >= 0 (or NaN), saturating at 114688: (rounded fp32, int32 code).
-        E4M3's construction with 5 exponent bits: C = 2^(e + 20), at least 2^6 (quantum 2^-17 in the
-        subnormal range); codes ((e + 15) << 3) | mantissa, m * 2^17 below 2^-14, 0xFF for NaN."""
-        magnitude = tl.where(magnitude > 114688.0, 114688.0, magnitude)
-        biased_exponent = (magnitude.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        magic = (tl.maximum(biased_exponent + 20, 133) << 23).to(tl.float32, bitcast=True)
-        rounded = (magnitude + magic) - magic
-        rounded_bits = rounded.to(tl.int32, bitcast=True)
-        normal_code = ((((rounded_bits >> 23) & 0xFF) - 112) << 3) | ((rounded_bits >> 20) & 7)
-        subnormal_code = (rounded * 131072.0).to(tl.int32)
-        code = tl.where(rounded >= 0.00006103515625, normal_code, subnormal_code)
-        code = tl.where(rounded == rounded, code, 0xFF)
-        return rounded, code
+        """UE5M3 RNE of fp32 magnitude >= 0 (or NaN), saturating at 114688: (rounded fp32, int32 code)."""
+        return round_3_mantissa_bits(magnitude, 114688.0, 15, 0xFF)
 
     @triton.jit
     def round_to_bf16(y, HARDWARE: tl.constexpr):
