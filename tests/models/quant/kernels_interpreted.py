@@ -448,8 +448,14 @@ CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_amax_passes, check_shared_sc
           check_fp8_per_tensor, check_fp8_quantize_ops, check_gemm_output_epilogue, check_mx_round_to_nearest,
           check_mx_ties_and_non_finite, check_mx_stochastic_rounding, check_mx_operand_interface]
 
-if __name__ == "__main__":
-    for check in CHECKS:
+def run_checks(checks) -> None:
+    """Run each check, printing "ok <name>" per check and "all N checks passed" at the end (what
+    test_kernels_interpreted.py reads)."""
+    for check in checks:
         check()
         print(f"ok {check.__name__}", flush=True)
-    print(f"all {len(CHECKS)} checks passed")
+    print(f"all {len(checks)} checks passed")
+
+
+if __name__ == "__main__":
+    run_checks(CHECKS)

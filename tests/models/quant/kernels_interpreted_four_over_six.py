@@ -16,7 +16,7 @@ import os
 import torch
 
 import quant_oracles as oracle
-from kernels_interpreted import compare_nvfp4, same_bits
+from kernels_interpreted import compare_nvfp4, run_checks, same_bits
 from models.quant import kernels
 from models.quant.formats import quantize, quantize_scaled_values
 from models.quant.gemm_spec import OperandSpec
@@ -130,7 +130,4 @@ CHECKS = [check_rows_and_2d_round_to_nearest, check_columns_with_and_without_rht
           check_operand_interface]
 
 if __name__ == "__main__":
-    for check in CHECKS:
-        check()
-        print(f"ok {check.__name__}", flush=True)
-    print(f"all {len(CHECKS)} checks passed")
+    run_checks(CHECKS)

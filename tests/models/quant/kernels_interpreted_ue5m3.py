@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 import quant_oracles as oracle
-from kernels_interpreted import compare_nvfp4, same_bits
+from kernels_interpreted import compare_nvfp4, run_checks, same_bits
 from models.quant import kernels
 from models.quant.formats import elements, quantize_scaled_values
 from models.quant.gemm_spec import OperandSpec
@@ -160,7 +160,4 @@ CHECKS = [check_ue5m3_rounding_of_every_kind_of_value, check_rows_2d_and_columns
           check_operand_interface]
 
 if __name__ == "__main__":
-    for check in CHECKS:
-        check()
-        print(f"ok {check.__name__}", flush=True)
-    print(f"all {len(CHECKS)} checks passed")
+    run_checks(CHECKS)

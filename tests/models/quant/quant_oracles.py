@@ -197,6 +197,28 @@ def cuda_input(shape, scale: float, dtype: torch.dtype) -> torch.Tensor:
     return fresh_input(shape[0], shape[1], scale, torch.float32).to(dtype).cuda()
 
 
+def assert_layer_kernels_match_torch_path(kernels, module, x: torch.Tensor, dy: torch.Tensor) -> None:
+    """A CUDA QuantLinear's Y, dX and dW with the kernels on, then off (round to nearest, so that neither
+    path draws): Y and dX bit-identical. Wgrad's operands are bit-identical too, but the kernels hand
+    them to cuBLAS as transposed views (no copy), which may change the fp32 accumulation order: dW within
+    one bf16 rounding step, and equal in at least 99% of its elements."""
+    results = []
+    try:
+        for use in (True, False):
+            kernels.use_triton(use)
+            module.weight.grad = None
+            xi = x.clone().requires_grad_(True)
+            y = module(xi)
+            y.backward(dy)
+            results.append((y.detach(), xi.grad, module.weight.grad.clone()))
+    finally:
+        kernels.use_triton(True)
+    (y_fast, dx_fast, dw_fast), (y_ref, dx_ref, dw_ref) = results
+    assert torch.equal(y_fast, y_ref) and torch.equal(dx_fast, dx_ref)
+    torch.testing.assert_close(dw_fast, dw_ref, rtol=2**-7, atol=0)
+    assert (dw_fast == dw_ref).float().mean() > 0.99
+
+
 def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     """Equal element for element, NaN equal to NaN (-0.0 == 0.0 numerically; codes compare the sign bit)."""
     assert actual.shape == expected.shape, (what, actual.shape, expected.shape)

@@ -90,22 +90,10 @@ def test_shared_scales_equal_the_separate_passes(kernels):
 
 
 def test_layer_with_kernels_equals_the_torch_path(kernels):
-    """A QuantLinear of the full recipe + 4/6 (RNE, so that both paths draw nothing): Y, dX, dW equal."""
+    """A QuantLinear of the full recipe + 4/6 with the kernels against the torch path (quant_oracles)."""
     spec = nvfp4_linear_spec(stochastic_rounding=False, four_over_six=("x", "w", "dy"))
     torch.manual_seed(0)
     module = QuantLinear(1024, 512, bias=False, dtype=torch.bfloat16, spec=spec, name="layers.0.mixer.in_proj").cuda()
     x = oracle.cuda_input((2048, 1024), 1.0, torch.bfloat16)
     dy = oracle.cuda_input((2048, 512), 1e-2, torch.bfloat16)
-    results = []
-    try:
-        for use in (True, False):
-            kernels.use_triton(use)
-            xi = x.clone().requires_grad_(True)
-            module.weight.grad = None
-            y = module(xi)
-            y.backward(dy)
-            results.append((y.detach(), xi.grad, module.weight.grad.clone()))
-    finally:
-        kernels.use_triton(True)
-    for name, a, b in zip(("Y", "dX", "dW"), *results):
-        oracle.assert_bits_equal(a, b, name)
+    oracle.assert_layer_kernels_match_torch_path(kernels, module, x, dy)
