@@ -125,7 +125,8 @@ def _rows_four_over_six_variant(input_dtype: str, *, two_d: bool, stochastic: bo
                  "scales_ptr": "*u8", "global_ptr": "*fp32", "amax_ptr": "*fp32", "seed_ptr": "*i64",
                  "rows": "i32", "cols": "i32"}
     constexprs = dict(BLOCK_R=block_r, BLOCKS=block_c // 16, TWO_D=two_d, STOCHASTIC=stochastic,
-                      WRITE_CODES=False, FOUR_OVER_SIX=1)
+                      WRITE_CODES=False, FOUR_OVER_SIX=1,
+                      IN_PIECE=8 if input_dtype == "bf16" else 4, OUT_PIECE=8)
     return _compile(nvfp4._quantize_rows_four_over_six_kernel, signature, constexprs, warps, capability)
 
 

@@ -255,6 +255,26 @@ if triton is not None:
             tl.store(codes_ptr + offsets, code, mask=mask)
 
     @triton.jit
+    def quantize_4(xa, xb, xc, xd, reciprocal, scale, word, STOCHASTIC: tl.constexpr):
+        """Four elements of every block quantized, (value * scale, code) each; with STOCHASTIC, element b
+        of the four takes byte b of the Philox ``word``."""
+        if STOCHASTIC:
+            ua = uniform_from_byte(word & 255)
+            ub = uniform_from_byte((word >> 8) & 255)
+            uc = uniform_from_byte((word >> 16) & 255)
+            ud = uniform_from_byte(word >> 24)
+        else:
+            ua = xa
+            ub = xb
+            uc = xc
+            ud = xd
+        va, ca = round_e2m1(xa * reciprocal, ua, STOCHASTIC)
+        vb, cb = round_e2m1(xb * reciprocal, ub, STOCHASTIC)
+        vc, cc = round_e2m1(xc * reciprocal, uc, STOCHASTIC)
+        vd, cd = round_e2m1(xd * reciprocal, ud, STOCHASTIC)
+        return va * scale, ca, vb * scale, cb, vc * scale, cc, vd * scale, cd
+
+    @triton.jit
     def quantize_store_4_rows(
         xa, xb, xc, xd, j, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr, word,
         STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr,

@@ -32,7 +32,8 @@ reference is ``formats.four_over_six``): the amax passes and the in-kernel scale
 and each block is quantized with both candidate scales, keeping the lower-error one
 (``nvfp4_four_over_six``). The columns kernel does it under its FOUR_OVER_SIX constexpr (its 16 rows
 already are 16 tensors); along rows a kernel of its own (``_quantize_rows_four_over_six_kernel``)
-loads element j of every block as one tensor, so a candidate's error is summed in TE's element order.
+splits each thread's whole blocks into element j of every block, one tensor each, so a candidate's
+error is summed in TE's element order.
 Stochastic rounding keeps the round-to-nearest choice and draws the same bits as without it.
 
 ``quantize_operand`` and friends (end of module) are what ``models.quant.linear`` calls for an
@@ -109,6 +110,7 @@ if triton is not None:
     from models.quant.kernels.fp4_common import (
         load_16_rows,
         max_abs_16,
+        quantize_4,
         quantize_store_4_rows,
         random_uniforms_16,
         rht16,
@@ -119,9 +121,11 @@ if triton is not None:
     from models.quant.kernels.nvfp4_four_over_six import (
         block_choice,
         block_reciprocal,
-        candidate_error_16,
+        candidate_errors,
         candidate_scales,
         choose,
+        load_16_elements,
+        store_16_elements,
         tile_sum_of_rows,
     )
     from models.quant.kernels.triton_common import abs_nan_to_inf, e4m3_round, ue5m3_round
@@ -303,11 +307,14 @@ if triton is not None:
         STOCHASTIC: tl.constexpr,
         WRITE_CODES: tl.constexpr,
         FOUR_OVER_SIX: tl.constexpr,  # 1: by MSE, 2: by MAE
+        IN_PIECE: tl.constexpr,  # elements per 16-byte load: 8 (bf16 x) or 4 (fp32)
+        OUT_PIECE: tl.constexpr,  # elements per 16-byte store of the values
     ):
         """Four Over Six on BLOCK_R rows x BLOCKS 16-element blocks along cols, or (TWO_D, BLOCK_R == 16)
-        BLOCKS 16x16 tiles. Element j of every block is the tensor x_j [BLOCK_R, BLOCKS]
-        (``nvfp4_four_over_six``); stochastic rounding draws the rows kernel's bits (element 4 p + b
-        of a block: byte b of Philox word (w0, w2, w1, w3)[p] at the block's first offset)."""
+        BLOCKS 16x16 tiles. Each thread loads and stores whole blocks in 16-byte pieces, split in its
+        registers into element j of every block, the tensor x_j [BLOCK_R, BLOCKS] (``nvfp4_four_over_six``); stochastic rounding draws
+        the rows kernel's bits (element 4 p + b of a block: byte b of Philox word (w0, w2, w1, w3)[p] at
+        the block's first offset)."""
         scale_cols = cols // 16
         pid_r, pid_c = tile_of_program(tl.cdiv(scale_cols, BLOCKS), True)
         encode, decode, amax = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), True,
@@ -316,18 +323,17 @@ if triton is not None:
         block = pid_c * BLOCKS + tl.arange(0, BLOCKS)
         mask = (row < rows)[:, None] & (block < scale_cols)[None, :]
         base_offsets = row.to(tl.int64)[:, None] * cols + (block * 16)[None, :]
-        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = load_16_rows(
-            x_ptr + base_offsets, 1, mask)
+        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = load_16_elements(
+            x_ptr + base_offsets, mask, IN_PIECE)
         block_amax = max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF=False)
         if TWO_D:
             scale_4, code_4, reciprocal_4, scale_6, code_6, reciprocal_6 = candidate_scales(
                 tl.max(block_amax, axis=0), encode, decode)  # [BLOCKS]: one pair per 16x16 tile
-            error_4 = tile_sum_of_rows(candidate_error_16(
+            row_errors_4, row_errors_6 = candidate_errors(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
-                scale_4[None, :], reciprocal_4[None, :], amax, FOUR_OVER_SIX))
-            error_6 = tile_sum_of_rows(candidate_error_16(
-                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
-                scale_6[None, :], reciprocal_6[None, :], amax, FOUR_OVER_SIX))
+                scale_4[None, :], reciprocal_4[None, :], scale_6[None, :], reciprocal_6[None, :], amax, FOUR_OVER_SIX)
+            error_4 = tile_sum_of_rows(row_errors_4)
+            error_6 = tile_sum_of_rows(row_errors_6)
             scale, code, reciprocal = choose(error_4, error_6, scale_4, code_4, reciprocal_4, scale_6, code_6,
                                              reciprocal_6)
             tl.store(scales_ptr + pid_r * scale_cols + block, code.to(tl.uint8), mask=block < scale_cols)
@@ -346,15 +352,15 @@ if triton is not None:
             w1 = 0
             w2 = 0
             w3 = 0
-        # Element j sits at base_offsets + j: quantize_store_4_rows with a row stride of 1.
-        quantize_store_4_rows(x0, x1, x2, x3, 0, reciprocal, scale, base_offsets, 1, mask,
-                              values_ptr, codes_ptr, w0, STOCHASTIC, WRITE_CODES)
-        quantize_store_4_rows(x4, x5, x6, x7, 4, reciprocal, scale, base_offsets, 1, mask,
-                              values_ptr, codes_ptr, w2, STOCHASTIC, WRITE_CODES)
-        quantize_store_4_rows(x8, x9, x10, x11, 8, reciprocal, scale, base_offsets, 1, mask,
-                              values_ptr, codes_ptr, w1, STOCHASTIC, WRITE_CODES)
-        quantize_store_4_rows(x12, x13, x14, x15, 12, reciprocal, scale, base_offsets, 1, mask,
-                              values_ptr, codes_ptr, w3, STOCHASTIC, WRITE_CODES)
+        v0, c0, v1, c1, v2, c2, v3, c3 = quantize_4(x0, x1, x2, x3, reciprocal, scale, w0, STOCHASTIC)
+        v4, c4, v5, c5, v6, c6, v7, c7 = quantize_4(x4, x5, x6, x7, reciprocal, scale, w2, STOCHASTIC)
+        v8, c8, v9, c9, v10, c10, v11, c11 = quantize_4(x8, x9, x10, x11, reciprocal, scale, w1, STOCHASTIC)
+        v12, c12, v13, c13, v14, c14, v15, c15 = quantize_4(x12, x13, x14, x15, reciprocal, scale, w3, STOCHASTIC)
+        store_16_elements(values_ptr + base_offsets, mask,
+                          v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, OUT_PIECE)
+        if WRITE_CODES:
+            store_16_elements(codes_ptr + base_offsets, mask,
+                              c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, 8)
 
 
 def _check(x: torch.Tensor, rows_multiple: int, what: str, name: Optional[str]) -> None:
@@ -435,7 +441,8 @@ def quantize_rows(
         _quantize_rows_four_over_six_kernel[grid](
             x, values, codes, scales.view(torch.uint8), global_scales, amax, seed, rows, cols,
             BLOCK_R=block_r, BLOCKS=block_c // 16, TWO_D=two_d, STOCHASTIC=stochastic, WRITE_CODES=write_codes,
-            FOUR_OVER_SIX=four_over_six_code(four_over_six), num_warps=warps, enable_fp_fusion=False,
+            FOUR_OVER_SIX=four_over_six_code(four_over_six), IN_PIECE=16 // x.element_size(),
+            OUT_PIECE=16 // values.element_size(), num_warps=warps, enable_fp_fusion=False,
         )
         return KernelQuantized(values, scales, global_scales[1:2], codes if write_codes else None)
     block_r, block_c, warps = options.two_d if two_d else options.rows_launch(cols)
