@@ -36,7 +36,10 @@ def _check(rows) -> None:
         # The same for Four Over Six, whose 2D kernel adds the tile's errors as a tree over its rows.
         rows_sass = by_name[("4/6 rows 1x16 RNE", dtype)].sass_instructions
         assert by_name[("4/6 2D 16x16 RNE", dtype)].sass_instructions < 1.5 * rows_sass, by_name
-        assert by_name[("4/6 columns RHT RNE", dtype)].barriers == 0, by_name
+        # Its one reduction across the program (whether every block's errors may come from the
+        # dequantization units) takes two barriers; a layout change through shared memory would add more.
+        assert by_name[("4/6 columns RHT RNE", dtype)].barriers <= 2, by_name
+        assert by_name[("4/6 rows 1x16 RNE", dtype)].barriers <= 2, by_name
         # UE5M3 block scales change one rounding per block: the kernels stay the E4M3 kernels' size.
         for ue5m3, e4m3 in [("UE5M3 rows 1x16 SR", "rows 1x16 SR"), ("UE5M3 2D 16x16 RNE", "2D 16x16 RNE"),
                             ("UE5M3 columns RHT SR", "columns 16x1 RHT SR")]:
