@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from models.quant.gemm_spec import nvfp4_linear_spec
+from models.quant.kernels.triton_common import tl, triton
 from models.quant.linear import QuantLinear
 
 import quant_oracles as oracle
@@ -21,6 +22,14 @@ import quant_oracles as oracle
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(16, 16), (80, 400), (256, 1024), (8192, 5120)]
+
+if triton is not None:
+    from models.quant.kernels.nvfp4_four_over_six import divide_by_1536
+
+    @triton.jit
+    def _divide_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offsets, divide_by_1536(tl.load(x_ptr + offsets, mask=offsets < n)), mask=offsets < n)
 
 
 def _compare(out, reference, *, transposed: bool, what: str):
@@ -75,6 +84,38 @@ def test_stochastic_rounding_with_the_documented_draws(kernels, dtype):
                  nvfp4.quantize_columns_ref(x, rht=rht, four_over_six="mse", rounding="stochastic",
                                             uniform=oracle.mx_columns_uniforms(seed, rows, cols).t().cuda()),
                  transposed=True, what=f"columns rht={rht} SR")
+
+
+@pytest.mark.parametrize("amax_exponent", [-130, -120, -100, 100, 118, 127])
+def test_tensor_amax_near_the_range_ends(kernels, amax_exponent):
+    """Where the blocks' dequantization units leave fp32's normal range, the kernels take the
+    per-element quotients (kernels.nvfp4_four_over_six): still the reference bit for bit."""
+    nvfp4 = kernels.nvfp4
+    generator = torch.Generator().manual_seed(amax_exponent + 1000)
+    x = torch.randn(256, 1024, generator=generator, dtype=torch.float64)
+    x = x * torch.exp2(-torch.randint(0, 25, (256, 64), generator=generator).double()).repeat_interleave(16, 1)
+    x = (x / x.abs().max() * 2.0**amax_exponent).float().cuda()
+    _compare(nvfp4.quantize_rows(x, write_codes=True, four_over_six="mse"),
+             nvfp4.quantize_rows_ref(x, four_over_six="mse"), transposed=False, what=f"rows 2^{amax_exponent}")
+    _compare(nvfp4.quantize_rows(x, two_d=True, write_codes=True, four_over_six="mae"),
+             nvfp4.quantize_rows_ref(x, two_d=True, four_over_six="mae"), transposed=False,
+             what=f"2D 2^{amax_exponent}")
+    _compare(nvfp4.quantize_columns(x, rht=True, write_codes=True, four_over_six="mse"),
+             nvfp4.quantize_columns_ref(x, rht=True, four_over_six="mse"), transposed=True,
+             what=f"columns 2^{amax_exponent}")
+
+
+def test_division_by_1536_equals_ieee_division(kernels):
+    """divide_by_1536 (integer and fp64 steps) against the GPU's IEEE fp32 division, on 2^24 random bit
+    patterns: every exponent, subnormals, zeros of both signs, Inf and NaN."""
+    generator = torch.Generator().manual_seed(5)
+    bits = torch.randint(-2**31, 2**31, (2**24,), generator=generator, dtype=torch.int64)
+    x = bits.to(torch.int32).view(torch.float32).cuda()
+    out = torch.empty_like(x)
+    _divide_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+    expected = x / 1536.0
+    same = (out.view(torch.int32) == expected.view(torch.int32)) | (out.isnan() & expected.isnan())
+    assert same.all(), f"{int((~same).sum())} of {x.numel()} differ"
 
 
 def test_shared_scales_equal_the_separate_passes(kernels):
