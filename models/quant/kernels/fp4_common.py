@@ -255,9 +255,9 @@ if triton is not None:
             tl.store(codes_ptr + offsets, code, mask=mask)
 
     @triton.jit
-    def quantize_4(xa, xb, xc, xd, reciprocal, scale, word, STOCHASTIC: tl.constexpr):
-        """Four elements of every block quantized, (value * scale, code) each; with STOCHASTIC, element b
-        of the four takes byte b of the Philox ``word``."""
+    def uniforms_of_word(word, xa, xb, xc, xd, STOCHASTIC: tl.constexpr):
+        """The uniforms of four elements: byte b of the Philox ``word`` for element b with STOCHASTIC;
+        otherwise the elements themselves (placeholders round-to-nearest ignores)."""
         if STOCHASTIC:
             ua = uniform_from_byte(word & 255)
             ub = uniform_from_byte((word >> 8) & 255)
@@ -268,6 +268,13 @@ if triton is not None:
             ub = xb
             uc = xc
             ud = xd
+        return ua, ub, uc, ud
+
+    @triton.jit
+    def quantize_4(xa, xb, xc, xd, reciprocal, scale, word, STOCHASTIC: tl.constexpr):
+        """Four elements of every block quantized, (value * scale, code) each; with STOCHASTIC, element b
+        of the four takes byte b of the Philox ``word``."""
+        ua, ub, uc, ud = uniforms_of_word(word, xa, xb, xc, xd, STOCHASTIC)
         va, ca = round_e2m1(xa * reciprocal, ua, STOCHASTIC)
         vb, cb = round_e2m1(xb * reciprocal, ub, STOCHASTIC)
         vc, cc = round_e2m1(xc * reciprocal, uc, STOCHASTIC)
@@ -280,16 +287,7 @@ if triton is not None:
         STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr,
     ):
         """Rows j .. j + 3 of every group; with STOCHASTIC, row j + b takes byte b of the Philox ``word``."""
-        if STOCHASTIC:
-            ua = uniform_from_byte(word & 255)
-            ub = uniform_from_byte((word >> 8) & 255)
-            uc = uniform_from_byte((word >> 16) & 255)
-            ud = uniform_from_byte(word >> 24)
-        else:
-            ua = xa
-            ub = xb
-            uc = xc
-            ud = xd
+        ua, ub, uc, ud = uniforms_of_word(word, xa, xb, xc, xd, STOCHASTIC)
         quantize_store_row(xa, j, ua, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr,
                            STOCHASTIC, WRITE_CODES)
         quantize_store_row(xb, j + 1, ub, reciprocal, scale, base_offsets, cols, mask, values_ptr, codes_ptr,

@@ -16,7 +16,7 @@ Each element's dequantized value without a division. Every E2M1 value is q = +-m
 
 whenever no step leaves fp32's normal range, since scaling by a power of two commutes with rounding
 there. A block computes its two units per candidate; an element takes 2^e (q's exponent bits) and u_m
-by q's mantissa bit: a mask, a select and a multiply (``candidate_error_16_by_units``). When any
+by q's mantissa bit: a mask, a select and a multiply (``add_error_by_units``). When any
 block of the program has a unit below 2^-120 or a product above 2^120 (a tensor amax near fp32's
 range ends, or Inf/NaN), the program computes every element's quotient instead
 (``candidate_error_16``). Both paths divide by 1536 with ``divide_by_1536`` (integer and fp64 steps,
@@ -177,29 +177,6 @@ if triton is not None:
         return total + error
 
     @triton.jit
-    def candidate_error_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
-                           scale, reciprocal, amax, ERROR: tl.constexpr):
-        """The error of every block quantized with (s, r): element 0's error + element 1's + ... in order."""
-        total = tl.zeros(x0.shape, tl.float32)
-        total = add_error(total, x0, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x1, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x2, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x3, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x4, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x5, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x6, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x7, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x8, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x9, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x10, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x11, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x12, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x13, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x14, scale, reciprocal, amax, ERROR)
-        total = add_error(total, x15, scale, reciprocal, amax, ERROR)
-        return total
-
-    @triton.jit
     def dequantization_units(scale, amax):
         """(u_1, u_1.5, exact) of every block's candidate scale s: u_m = ((m * s) * amax) / 1536, and whether
         +-2^e * u_m is the division's result for every E2M1 value (see the module docstring): all zero, or
@@ -234,26 +211,37 @@ if triton is not None:
         return total + error
 
     @triton.jit
-    def candidate_error_16_by_units(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
-                                    reciprocal, unit_1, unit_15, ERROR: tl.constexpr):
-        """candidate_error_16 from the block's units (exact where ``dequantization_units`` says so)."""
+    def add_error_either(total, x, reciprocal, first, second, BY_UNITS: tl.constexpr, ERROR: tl.constexpr):
+        """add_error_by_units(first = u_1, second = u_1.5) if BY_UNITS, else add_error(first = s, second = amax)."""
+        if BY_UNITS:
+            total = add_error_by_units(total, x, reciprocal, first, second, ERROR)
+        else:
+            total = add_error(total, x, first, reciprocal, second, ERROR)
+        return total
+
+    @triton.jit
+    def candidate_error_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+                           reciprocal, first, second, BY_UNITS: tl.constexpr, ERROR: tl.constexpr):
+        """The error of every block quantized with reciprocal r: element 0's error + element 1's + ... in
+        order, each by the block's units (BY_UNITS: first, second = u_1, u_1.5) or by its own quotient
+        (first, second = s, amax)."""
         total = tl.zeros(x0.shape, tl.float32)
-        total = add_error_by_units(total, x0, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x1, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x2, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x3, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x4, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x5, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x6, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x7, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x8, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x9, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x10, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x11, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x12, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x13, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x14, reciprocal, unit_1, unit_15, ERROR)
-        total = add_error_by_units(total, x15, reciprocal, unit_1, unit_15, ERROR)
+        total = add_error_either(total, x0, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x1, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x2, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x3, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x4, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x5, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x6, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x7, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x8, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x9, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x10, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x11, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x12, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x13, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x14, reciprocal, first, second, BY_UNITS, ERROR)
+        total = add_error_either(total, x15, reciprocal, first, second, BY_UNITS, ERROR)
         return total
 
     @triton.jit
@@ -265,15 +253,15 @@ if triton is not None:
         unit_1_4, unit_15_4, exact_4 = dequantization_units(scale_4, amax)
         unit_1_6, unit_15_6, exact_6 = dequantization_units(scale_6, amax)
         if tl.min((exact_4 & exact_6).to(tl.int32)) == 1:
-            error_4 = candidate_error_16_by_units(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14,
-                                                  x15, reciprocal_4, unit_1_4, unit_15_4, ERROR)
-            error_6 = candidate_error_16_by_units(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14,
-                                                  x15, reciprocal_6, unit_1_6, unit_15_6, ERROR)
+            error_4 = candidate_error_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+                                         reciprocal_4, unit_1_4, unit_15_4, True, ERROR)
+            error_6 = candidate_error_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
+                                         reciprocal_6, unit_1_6, unit_15_6, True, ERROR)
         else:
             error_4 = candidate_error_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
-                                         scale_4, reciprocal_4, amax, ERROR)
+                                         reciprocal_4, scale_4, amax, False, ERROR)
             error_6 = candidate_error_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
-                                         scale_6, reciprocal_6, amax, ERROR)
+                                         reciprocal_6, scale_6, amax, False, ERROR)
         return error_4, error_6
 
     @triton.jit
