@@ -10,6 +10,12 @@ W&B                        the same metrics (x-axis `tokens` available): trainin
                            Offline by default; any failure of wandb (import, init, network) is
                            reported once and reporting goes on without it: W&B never stops a run.
 
+metrics.jsonl holds one history. A run that starts at step s (a resume, or step 0) moves the lines
+of steps after s that an earlier history of the directory wrote (steps retrained after a crash, a
+finished run resumed from an older checkpoint, a restart with checkpoint.resume=none) to
+`metrics.superseded.jsonl`, never deleting them, and says so in events.jsonl; otherwise the file
+would interleave two histories and a reader keeping the last line per step would mix them.
+
 A failed write to metrics.jsonl or events.jsonl (disk full, quota) is different: the run would
 go on without a record of its losses. The logger stops writing and keeps the reason, naming the
 file, in `write_failure`; the loop reads it at the next step boundary and stops every rank after
@@ -42,6 +48,41 @@ def _jsonable(value):
     return value
 
 
+SUPERSEDED_METRICS = "metrics.superseded.jsonl"
+
+
+def move_superseded_lines(path: Path, start_step: int) -> dict:
+    """Move the lines of `path` past `start_step` (and any line that is not a JSON object with a step:
+    a write cut off by a crash) to SUPERSEDED_METRICS beside it, appended; `path` keeps the rest in
+    order, replaced atomically. Returns {} when nothing moved, else what moved (for events.jsonl)."""
+    if not path.is_file():
+        return {}
+    kept, moved, steps = [], [], []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+            step = record.get("step") if isinstance(record, dict) else None
+        except json.JSONDecodeError:
+            step = None
+        if isinstance(step, (int, float)) and step <= start_step:
+            kept.append(line)
+        elif line.strip():
+            moved.append(line if line.endswith("\n") else line + "\n")
+            if isinstance(step, (int, float)):
+                steps.append(step)
+    if not moved:
+        return {}
+    target = path.with_name(SUPERSEDED_METRICS)
+    with open(target, "a") as handle:  # first: a crash between the two writes duplicates, never loses
+        handle.write(f'{{"superseded_at_start_step": {start_step}, "time": {time.time()}}}\n')
+        handle.writelines(moved)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("".join(kept))
+    temporary.replace(path)
+    return {"lines": len(moved), "first_step": min(steps) if steps else None,
+            "last_step": max(steps) if steps else None, "moved_to": str(target)}
+
+
 class MetricsLogger:
     """Rank-0 reporting. On other ranks every method is a no-op."""
 
@@ -54,8 +95,11 @@ class MetricsLogger:
         if not is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.superseded = move_superseded_lines(self.run_dir / "metrics.jsonl", start_step)
         self._metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
         self._events = open(self.run_dir / "events.jsonl", "a", buffering=1)
+        if self.superseded:
+            self.event(start_step, "metrics_superseded", **self.superseded)
         if cfg.logging.progress_bar:
             from tqdm.auto import tqdm
 

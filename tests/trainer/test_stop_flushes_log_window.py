@@ -83,3 +83,36 @@ def test_no_product_module_reads_test_fault_variables():
     for package in ("trainer", "models", "data", "scripts"):
         for path in Path(ROOT, package).rglob("*.py"):
             assert "HYBRID_TEST" not in path.read_text(), path
+
+
+def test_a_resume_from_an_older_checkpoint_moves_the_later_history_aside(tmp_path, data_cache):
+    """A finished run resumed again from its last checkpoint (step 7; none at the end) retrains steps 8-10:
+    metrics.jsonl keeps one history (the new line 10), and the old line 10 is moved, not lost."""
+    overrides = tiny_overrides(data_cache, steps=10) + ["logging.log_every=5", "checkpoint.save_at_end=false"]
+    first = train(compose_train_config(overrides, tmp_path), callbacks=[SigtermAfterStep(7)])
+    finished = train(compose_train_config(overrides, tmp_path))
+    old_line = read_jsonl(tmp_path / "metrics.jsonl")[-1]
+    assert finished["status"] == "completed" and old_line["step"] == 10
+
+    again = train(compose_train_config(overrides, tmp_path))  # resumes from step 7 once more
+    assert again["status"] == "completed" and len(again["losses"]) == 3
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [5, 7, 10]  # one history: no step twice
+    assert lines[-1]["loss"] == pytest.approx(_mean(first["losses"][5:7] + again["losses"]))  # steps 6-10
+    moved = read_jsonl(tmp_path / "metrics.superseded.jsonl")
+    assert moved[0]["superseded_at_start_step"] == 7 and moved[1:] == [old_line]
+    events = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "metrics_superseded"]
+    assert len(events) == 1 and events[0]["step"] == 7 and events[0]["lines"] == 1 and events[0]["last_step"] == 10
+
+
+def test_superseded_lines_include_a_line_cut_off_by_a_crash(tmp_path):
+    from trainer.metrics import SUPERSEDED_METRICS, move_superseded_lines
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 5, "loss": 2.0}\n{"step": 7, "loss": 1.5, "partial": true}\n'
+                    '{"step": 10, "loss": 1.2}\n{"step": 15, "lo')
+    moved = move_superseded_lines(path, 7)
+    assert moved["lines"] == 2 and (moved["first_step"], moved["last_step"]) == (10, 10)
+    assert path.read_text() == '{"step": 5, "loss": 2.0}\n{"step": 7, "loss": 1.5, "partial": true}\n'
+    assert (tmp_path / SUPERSEDED_METRICS).read_text().splitlines()[1:] == ['{"step": 10, "loss": 1.2}', '{"step": 15, "lo']
+    assert move_superseded_lines(path, 7) == {}  # nothing past step 7 any more: the file is left alone
