@@ -10,7 +10,7 @@ Reads the study file (reports/study_definition.py) and every completed run under
 - per size and arm, the growth of the gap once the learning rate decays (decay-phase minus
   stable-phase mean gap, paired by seed, with its interval);
 - across sizes (when there is more than one), the gap against parameters;
-- which code and which corpus the runs trained on (commits and manifest hashes from run.json);
+- which code and which corpus the runs trained on (commits and corpus content hashes from run.json);
 - figures: per size and `figures` entry, validation loss (mean over seeds) and the paired gap in %
   with its 95% band, against tokens; across sizes, the final gap against parameters.
 
@@ -179,11 +179,23 @@ def provenance(results: StudyResults, size: str) -> str:
         for source in record.get("sources_per_call", [record.get("source", {})]):
             label = (source.get("commit") or "unknown")[:10] + (" (dirty)" if source.get("dirty") else "")
             commits.setdefault(label, set()).add(arm)
-        corpora.setdefault((record.get("corpus") or {}).get("manifest_sha256") or "unknown", set()).add(arm)
+        corpora.setdefault(_corpus_label(record.get("corpus") or {}), set()).add(arm)
     code = "; ".join(f"`{commit}` ({', '.join(a for a in results.study.arms if a in arms)})"
                      for commit, arms in commits.items())
-    corpus = "; ".join(f"`{digest[:16]}`" for digest in corpora)
-    return f"Provenance: code {code}; corpus manifest sha256 {corpus}."
+    corpus = "; ".join(f"{label} ({', '.join(a for a in results.study.arms if a in arms)})"
+                       for label, arms in corpora.items())
+    return f"Provenance: code {code}; corpus {corpus}."
+
+
+def _corpus_label(corpus: dict) -> str:
+    """The content hash of the tokens (data.shards.content_sha256); older runs recorded only a hash of the
+    manifest files, which includes the preparation time, so it tells apart preparations, not corpora."""
+    if corpus.get("content_sha256"):
+        return f"content sha256 `{corpus['content_sha256'][:16]}`"
+    train = (corpus.get("tokens") or {}).get("train")
+    if corpus.get("manifest_sha256"):
+        return f"manifest sha256 `{corpus['manifest_sha256'][:16]}`" + (f", {train:,} training tokens" if train else "")
+    return "unknown"
 
 
 def _corpus_tokens(results: StudyResults, size: str) -> Optional[int]:

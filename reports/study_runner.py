@@ -4,10 +4,15 @@ A model of the study's size leaves most of an H200 idle, so several `python -m t
 processes share it (docs/study.md has the aggregate tokens/s). The runner:
 
 1. prepares the corpus once into ``prepared_dir`` (scripts/prepare_data.py, all cores) and
-   hashes its manifests, so every run records which tokens it trained on;
+   hashes what it holds (tokenizer and shard checksums, data.shards.content_sha256: the same
+   tokens prepared again give the same hash), so every run records which tokens it trained on;
 2. keeps up to ``parallel`` runs going, starting the next as one ends; a run is not started when
    the deadline would cut it (its expected wall time, from finished runs of the same size and arm,
-   is longer than what is left);
+   is longer than what is left). A run that fails for want of GPU memory while others share the
+   GPU is queued again and ``parallel`` drops to the number still running: a card smaller than
+   the one the study was planned on loses no run, it runs fewer side by side. A run completed in
+   ``work`` whose files are missing from the results (a results tree replaced by an older copy)
+   is copied back, never trained again;
 3. at the deadline, or when the runner itself gets SIGTERM or SIGINT (a scheduler's preemption,
    Ctrl-C), sends every run SIGTERM: the trainer checkpoints and exits, and a later call with the
    same ``work`` folder resumes it (the metrics window is checkpointed too: no seam);
@@ -69,17 +74,23 @@ def source_state(root: Path = ROOT) -> dict:
 
 
 def corpus_identity(prepared_dir: Path) -> dict:
-    """sha256 over the prepared corpus's manifests (each lists its shards' sha256), and its token counts."""
+    """{"content_sha256", "tokens"}: sha256 over each prepared source's content hash (its tokenizer and its
+    shards' checksums, data.shards.content_sha256) with the source's folder name, and the token counts.
+    Not a hash of the manifest files: they hold the preparation time, so the same tokens prepared on
+    another machine would hash differently."""
+    from data.shards import content_sha256
+
     manifests = sorted(Path(prepared_dir).rglob("manifest.json"))
     if not manifests:
-        return {"manifest_sha256": None}
+        return {"content_sha256": None}
     digest, splits = hashlib.sha256(), {}
     for manifest in manifests:
-        digest.update(str(manifest.relative_to(prepared_dir)).encode() + b"\0" + manifest.read_bytes())
-        for split, info in json.loads(manifest.read_text()).get("splits", {}).items():
+        content = json.loads(manifest.read_text())
+        digest.update(f"{manifest.parent.relative_to(prepared_dir)}\0{content_sha256(content)}\n".encode())
+        for split, info in content.get("splits", {}).items():
             if isinstance(info, dict) and "tokens" in info:
                 splits[split] = splits.get(split, 0) + int(info["tokens"])
-    return {"manifest_sha256": digest.hexdigest(), "tokens": splits}
+    return {"content_sha256": digest.hexdigest(), "tokens": splits}
 
 
 def machine_description() -> dict:
@@ -118,6 +129,30 @@ def completed(directory: Path) -> bool:
     return record.get("status") == "completed" and not record.get("probe_overrides")
 
 
+OUT_OF_MEMORY_MARKS = ("torch.OutOfMemoryError", "CUDA out of memory")
+
+
+def ran_out_of_gpu_memory(log: Path, tail_lines: int = 60) -> bool:
+    """Whether a run's train.log ends with CUDA's out-of-memory error."""
+    if not log.is_file():
+        return False
+    tail = log.read_text(errors="replace").splitlines()[-tail_lines:]
+    return any(mark in line for line in tail for mark in OUT_OF_MEMORY_MARKS)
+
+
+def recover_completed(run: StudyRun, work: Path, results: Path, echo: Echo) -> bool:
+    """Copy a run completed in ``work`` into the results when they lack it; True if it was copied."""
+    if completed(results / run.id) or not completed(work / run.id):
+        return False
+    target = results / run.id
+    target.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_FILES:
+        if (work / run.id / name).is_file():
+            shutil.copy(work / run.id / name, target / name)
+    echo(f"{run.id}: completed in {work / run.id} but missing from {target}: copied there, not run again")
+    return True
+
+
 # ---------------------------------------------------------------------------------- running
 def prepare_corpus(prepared_dir: Path, data_config: str, echo: Echo) -> dict:
     command = [sys.executable, str(ROOT / "scripts" / "prepare_data.py"), "--config", data_config,
@@ -126,7 +161,7 @@ def prepare_corpus(prepared_dir: Path, data_config: str, echo: Echo) -> dict:
     started = time.perf_counter()
     subprocess.run(command, check=True, cwd=ROOT, env=_child_environment())
     identity = corpus_identity(prepared_dir)
-    echo(f"corpus ready in {time.perf_counter() - started:.0f} s: manifest sha256 {identity['manifest_sha256']}")
+    echo(f"corpus ready in {time.perf_counter() - started:.0f} s: content sha256 {identity['content_sha256']}")
     return identity
 
 
@@ -151,6 +186,9 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
     """Run ``runs`` (see the module docstring); 0 when every one of them has completed."""
     echo = echo or _print_now
     work, results = Path(work), study.results
+    if not force:
+        for run in runs:
+            recover_completed(run, work, results, echo)
     pending = [run for run in runs if force or not completed(results / run.id)]
     for run in runs:
         if run not in pending:
@@ -187,6 +225,7 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
                 running.append(_start(run, work, shared, {r.run.id for r in running}, force, echo))
                 for other in running[:-1]:
                     other.beside.add(run.id)
+            side_by_side = len(running)  # before this pass: runs that fail together count once
             for entry in list(running):
                 if entry.process.poll() is not None:
                     running.remove(entry)
@@ -194,6 +233,13 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
                     entry.log.close()
                     outcomes[entry.run.id] = _collect(study, entry, wall, results, work, extra, skip_steps,
                                                       source, corpus, machine)
+                    if (outcomes[entry.run.id]["status"] == "failed" and side_by_side > 1 and not stopping
+                            and ran_out_of_gpu_memory(work / entry.run.id / "train.log")):
+                        parallel = max(1, min(parallel, side_by_side - 1))
+                        queue.insert(0, entry.run)
+                        echo(f"{entry.run.id}: out of GPU memory with {side_by_side} runs side by side: "
+                             f"queued again, at most {parallel} side by side from now on")
+                        continue
                     if outcomes[entry.run.id]["status"] == "completed":
                         key = (entry.run.size, entry.run.arm)
                         expected[key] = max(expected.get(key, 0.0), wall)

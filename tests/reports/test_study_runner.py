@@ -5,6 +5,7 @@ takes the same path as the signal (it is not timed here: a loaded CI machine mak
 
 from __future__ import annotations
 
+import os
 import json
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def test_runs_side_by_side_stop_on_a_signal_and_resume(tmp_path):
         assert record["calls"] == 2 and len(record["sources_per_call"]) == 2
         assert record["side_by_side_per_call"] == [[f"t/{'b' if run == 'a' else 'a'}/seed0"]] * 2
         assert record["source"] == {"commit": "0123abc", "dirty": True, "from": "environment"}
-        assert len(record["corpus"]["manifest_sha256"]) == 64 and record["corpus"]["tokens"]["train"] > 0
+        assert len(record["corpus"]["content_sha256"]) == 64 and record["corpus"]["tokens"]["train"] > 0
         for name in ("metrics.jsonl", "events.jsonl", "config.yaml", "train.log", "precision_plan.txt"):
             assert (folder / name).is_file(), name
         events = [json.loads(line)["event"] for line in (folder / "events.jsonl").read_text().splitlines()]
@@ -105,3 +106,81 @@ def test_runs_side_by_side_stop_on_a_signal_and_resume(tmp_path):
         assert [line["step"] for line in regular if line["step"] % LOG_EVERY == 0] == list(
             range(LOG_EVERY, STEPS + 1, LOG_EVERY))
     assert "completed in" in run_study(*common, env=env).stdout  # nothing is run twice
+
+
+# ----------------------------------------------- the runner's bookkeeping, with stand-in trainer processes
+def _stand_in_runner(monkeypatch, tmp_path: Path, behaviour):
+    """reports.study_runner with `python -m trainer` replaced by `behaviour(run, attempt, beside) -> (log text,
+    exit code)` run in a short child process; corpus and machine description stubbed. Returns the study."""
+    from reports import study_runner
+    from reports.study_definition import load_study
+
+    attempts: dict = {}
+
+    def start(run, work, shared, beside, force, echo):
+        attempts[run.id] = attempts.get(run.id, 0) + 1
+        run_dir = work / run.id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        text, code = behaviour(run, attempts[run.id], beside)
+        log = open(run_dir / "train.log", "a")
+        script = f"import sys, time; time.sleep(0.6); print({text!r}); sys.exit({code})"
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT)
+        return study_runner._Running(run, process, log, beside)
+
+    monkeypatch.setattr(study_runner, "_start", start)
+    monkeypatch.setattr(study_runner, "prepare_corpus", lambda *args: {"content_sha256": "0" * 64})
+    monkeypatch.setattr(study_runner, "source_state", lambda: {"commit": "abc", "dirty": False, "from": "git"})
+    monkeypatch.setattr(study_runner, "machine_description", lambda: {"python": "3"})
+    return load_study(study_file(tmp_path)), attempts
+
+
+def test_a_run_out_of_gpu_memory_beside_others_is_queued_again_with_fewer_side_by_side(monkeypatch, tmp_path):
+    from reports.study_runner import completed, run_study
+
+    def behaviour(run, attempt, beside):  # b runs out of memory while a is beside it, then fits alone
+        if run.arm == "b" and attempt == 1:
+            return "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 MiB.", 1
+        return "done", 0
+
+    study, attempts = _stand_in_runner(monkeypatch, tmp_path, behaviour)
+    said = []
+    code = run_study(study, study.runs(), work=tmp_path / "work", prepared_dir=tmp_path / "prepared", parallel=2,
+                     echo=said.append)
+    assert code == 0 and attempts == {"t/a/seed0": 1, "t/b/seed0": 2}, said
+    assert any("t/b/seed0: out of GPU memory with 2 runs side by side: queued again, at most 1" in line
+               for line in said), said
+    assert all(completed(study.results / run.id) for run in study.runs())
+    record = json.loads((study.results / "t" / "b" / "seed0" / "run.json").read_text())
+    assert record["calls"] == 2 and record["side_by_side_per_call"][0] == ["t/a/seed0"]
+
+
+def test_out_of_memory_alone_is_a_failure_and_other_failures_are_not_retried(monkeypatch, tmp_path):
+    from reports.study_runner import run_study
+
+    def behaviour(run, attempt, beside):
+        return ("torch.OutOfMemoryError: CUDA out of memory.", 1) if run.arm == "b" else ("KeyError: 'x'", 1)
+
+    study, attempts = _stand_in_runner(monkeypatch, tmp_path, behaviour)
+    said = []
+    code = run_study(study, study.runs(), work=tmp_path / "work", prepared_dir=tmp_path / "prepared", parallel=2,
+                     echo=said.append)
+    # a's KeyError is no memory failure: not retried; b is retried once alone and fails again: a real failure
+    assert code == 1 and attempts == {"t/a/seed0": 1, "t/b/seed0": 2}, said
+    assert json.loads((study.results / "t" / "b" / "seed0" / "run.json").read_text())["status"] == "failed"
+
+
+def test_a_run_completed_in_the_work_folder_is_copied_back_not_trained_again(monkeypatch, tmp_path):
+    from reports.study_runner import run_study
+
+    study, attempts = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
+    work = tmp_path / "work"
+    assert run_study(study, study.runs(), work=work, prepared_dir=tmp_path / "p", parallel=2, echo=lambda _: None) == 0
+    folder = study.results / "t" / "a" / "seed0"
+    kept = (folder / "run.json").read_text()
+    for name in os.listdir(folder):  # the results tree replaced by a copy from before the runs
+        os.remove(folder / name)
+    said = []
+    assert run_study(study, study.runs(), work=work, prepared_dir=tmp_path / "p", parallel=2, echo=said.append) == 0
+    assert attempts == {"t/a/seed0": 1, "t/b/seed0": 1}, said
+    assert (folder / "run.json").read_text() == kept and (folder / "train.log").is_file()
+    assert any("t/a/seed0: completed in" in line and "copied there, not run again" in line for line in said), said
