@@ -20,10 +20,10 @@ processes share it (docs/study.md has the aggregate tokens/s). The runner:
    run.json into ``<results>/<size>/<arm>/seed<k>/``.
 
 run.json: the run's id, size, arm, seed, status ("completed", "stopped", "failed"), the trainer
-command, exit code, wall time and calls (accumulated over resumed calls), what ran beside it in
-each call, the median tokens/s, the GPU and versions, the source commit of each call (the
-STUDY_SOURCE_COMMIT / STUDY_SOURCE_DIRTY environment variables of a copied tree, else git's), and
-the prepared corpus's manifest hash.
+command, exit code, wall time and calls (accumulated over launches: resumes and retries), what ran
+beside it in each call, the median tokens/s, the GPU and versions, the source commit of each call
+(the STUDY_SOURCE_COMMIT / STUDY_SOURCE_DIRTY environment variables of a copied tree, else git's),
+and the prepared corpus's content hash and token counts.
 """
 
 from __future__ import annotations
