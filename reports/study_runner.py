@@ -132,11 +132,14 @@ def completed(directory: Path) -> bool:
 OUT_OF_MEMORY_MARKS = ("torch.OutOfMemoryError", "CUDA out of memory")
 
 
-def ran_out_of_gpu_memory(log: Path, tail_lines: int = 60) -> bool:
-    """Whether a run's train.log ends with CUDA's out-of-memory error."""
+def ran_out_of_gpu_memory(log: Path, since: int = 0, tail_lines: int = 60) -> bool:
+    """Whether a run's train.log ends with CUDA's out-of-memory error, in what was written from byte
+    ``since`` on (the launch that just ended: an earlier launch's error does not count)."""
     if not log.is_file():
         return False
-    tail = log.read_text(errors="replace").splitlines()[-tail_lines:]
+    with open(log, "rb") as handle:
+        handle.seek(since)
+        tail = handle.read().decode(errors="replace").splitlines()[-tail_lines:]
     return any(mark in line for line in tail for mark in OUT_OF_MEMORY_MARKS)
 
 
@@ -173,8 +176,9 @@ def _child_environment() -> dict:
 
 
 class _Running:
-    def __init__(self, run: StudyRun, process: subprocess.Popen, log, beside: set[str]):
+    def __init__(self, run: StudyRun, process: subprocess.Popen, log, beside: set[str], log_offset: int = 0):
         self.run, self.process, self.log = run, process, log
+        self.log_offset = log_offset  # train.log's size before this launch: what earlier launches wrote
         self.started = time.perf_counter()
         self.beside = set(beside)  # every run that shared the GPU with it in this call
         self.signalled = False  # SIGTERM sent at the deadline
@@ -234,7 +238,7 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
                     outcomes[entry.run.id] = _collect(study, entry, wall, results, work, extra, skip_steps,
                                                       source, corpus, machine)
                     if (outcomes[entry.run.id]["status"] == "failed" and side_by_side > 1 and not stopping
-                            and ran_out_of_gpu_memory(work / entry.run.id / "train.log")):
+                            and ran_out_of_gpu_memory(work / entry.run.id / "train.log", entry.log_offset)):
                         parallel = max(1, min(parallel, side_by_side - 1))
                         queue.insert(0, entry.run)
                         echo(f"{entry.run.id}: out of GPU memory with {side_by_side} runs side by side: "
@@ -286,8 +290,9 @@ def _start(run: StudyRun, work: Path, shared: Sequence[str], beside: set[str], f
                f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
     echo(f"{run.id}: {shlex.join(command[1:])}")
     log = open(run_dir / "train.log", "a")
+    offset = (run_dir / "train.log").stat().st_size
     process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=_child_environment())
-    return _Running(run, process, log, beside)
+    return _Running(run, process, log, beside, log_offset=offset)
 
 
 def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Path, extra: Sequence[str],

@@ -184,3 +184,16 @@ def test_a_run_completed_in_the_work_folder_is_copied_back_not_trained_again(mon
     assert attempts == {"t/a/seed0": 1, "t/b/seed0": 1}, said
     assert (folder / "run.json").read_text() == kept and (folder / "train.log").is_file()
     assert any("t/a/seed0: completed in" in line and "copied there, not run again" in line for line in said), said
+
+
+def test_only_the_last_launch_s_out_of_memory_error_counts(tmp_path):
+    from reports.study_runner import ran_out_of_gpu_memory
+
+    log = tmp_path / "train.log"
+    log.write_text("step 10\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB.\n")
+    earlier = log.stat().st_size
+    assert ran_out_of_gpu_memory(log) and ran_out_of_gpu_memory(log, since=0)
+    with open(log, "a") as handle:
+        handle.write("resumed\nKeyError: 'optim'\n")
+    assert not ran_out_of_gpu_memory(log, since=earlier)  # this launch failed otherwise
+    assert not ran_out_of_gpu_memory(tmp_path / "absent.log")
