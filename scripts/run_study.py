@@ -4,6 +4,7 @@
     python scripts/run_study.py --study results/study/study.yaml --only '9m/*/seed1' --parallel 4 --deadline 540
     python scripts/run_study.py --study results/study/study.yaml --only 9m/nvfp4/seed0 --set train.steps=60 --force
     python scripts/run_study.py --study results/study/study.yaml --list
+    python scripts/run_study.py --study results/study/study.yaml --only '48m/*' --plan H100   # time and memory, planned
 
 The study file's format: reports/study_definition.py. Results go beside it, one folder per run
 (<size>/<arm>/seed<k>/: metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml, train.log,
@@ -26,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", required=True, help="the study's YAML file")
     parser.add_argument("--only", nargs="*", default=[], help="run ids or shell patterns (9m/nvfp4/seed0, '9m/*/seed1')")
     parser.add_argument("--list", action="store_true", help="print the selected runs and whether each is done")
+    parser.add_argument("--plan", metavar="GPU", default=None,
+                        help="print each selected run not yet completed with its planned step time, time alone on one "
+                             "GPU of this kind (trainer/hardware.py) and memory, and how many fit side by side "
+                             "(reports/study_plan.py); runs nothing")
     parser.add_argument("--parallel", type=int, default=4, help="runs side by side on the GPU")
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds from this command's start (corpus preparation included): start no run that would not finish by then (guessed from finished runs), "
@@ -46,6 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             done = "done" if completed(study.results / run.id) else "todo"
             print(f"{done}  {run.id:32s} python -m trainer {' '.join(run.trainer_arguments())}")
+        return 0
+    if arguments.plan:
+        from reports.study_plan import plan_study_runs, render_plan
+
+        todo = [run for run in runs if not completed(study.results / run.id)]
+        try:
+            planned, side_by_side = plan_study_runs(todo, arguments.plan)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+        print(render_plan(planned, side_by_side, arguments.plan.upper()))
         return 0
     return run_study(study, runs, work=arguments.work, prepared_dir=arguments.prepared_dir,
                      parallel=arguments.parallel, deadline_s=arguments.deadline, extra=arguments.set,
