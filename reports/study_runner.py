@@ -9,8 +9,9 @@ processes share it (docs/study.md has the aggregate tokens/s). The runner:
 2. keeps up to ``parallel`` runs going, starting the next as one ends; a run is not started when
    the deadline would cut it (its expected wall time, from finished runs of the same size and arm,
    is longer than what is left). A run that fails for want of GPU memory while others share the
-   GPU is queued again and ``parallel`` drops to the number still running: a card smaller than
-   the one the study was planned on loses no run, it runs fewer side by side. A run completed in
+   GPU is queued again and ``parallel`` drops to one fewer than were running (runs failing in the
+   same moment count once): a card smaller than the one the study was planned on loses no run, it
+   runs fewer side by side. A run completed in
    ``work`` whose files are missing from the results (a results tree replaced by an older copy)
    is copied back, never trained again;
 3. at the deadline, or when the runner itself gets SIGTERM or SIGINT (a scheduler's preemption,
