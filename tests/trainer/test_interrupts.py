@@ -49,6 +49,9 @@ def test_sigint_in_a_saving_step_saves_once_a_second_sigint_stops_at_once_and_th
     assert third.returncode == 0, third.stderr[-3000:]
     resumed = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "resumed"]
     assert [e["step"] for e in resumed] == [2, 2]
-    assert _metrics(run_dir) == interrupted + interrupted[2:]
+    assert _metrics(run_dir) == interrupted  # one history: the retrained steps 3 and 4 equal the interrupted ones
+    superseded = read_jsonl(run_dir / "metrics.superseded.jsonl")  # the interrupted lines 3 and 4, kept aside
+    assert superseded[0]["superseded_at_start_step"] == 2
+    assert [(line["step"], line["loss"]) for line in superseded[1:]] == interrupted[2:]
     assert _names(run_dir) == ["step_00000004"]
 
