@@ -148,13 +148,17 @@ def recover_completed(run: StudyRun, work: Path, results: Path, echo: Echo) -> b
     """Copy a run completed in ``work`` into the results when they lack it; True if it was copied."""
     if completed(results / run.id) or not completed(work / run.id):
         return False
-    target = results / run.id
+    _copy_kept_files(work / run.id, results / run.id)
+    echo(f"{run.id}: completed in {work / run.id} but missing from {results / run.id}: copied there, not run again")
+    return True
+
+
+def _copy_kept_files(run_dir: Path, target: Path) -> None:
+    """The run's KEPT_FILES from its work folder into its results folder."""
     target.mkdir(parents=True, exist_ok=True)
     for name in KEPT_FILES:
-        if (work / run.id / name).is_file():
-            shutil.copy(work / run.id / name, target / name)
-    echo(f"{run.id}: completed in {work / run.id} but missing from {target}: copied there, not run again")
-    return True
+        if (run_dir / name).is_file():
+            shutil.copy(run_dir / name, target / name)
 
 
 # ---------------------------------------------------------------------------------- running
@@ -326,11 +330,7 @@ def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Pa
         "system": machine,
     }
     (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")
-    target = results / run.id
-    target.mkdir(parents=True, exist_ok=True)
-    for name in KEPT_FILES:
-        if (run_dir / name).is_file():
-            shutil.copy(run_dir / name, target / name)
+    _copy_kept_files(run_dir, results / run.id)
     return record
 
 
