@@ -16,7 +16,8 @@ processes share it (docs/study.md has the aggregate tokens/s). The runner:
    is copied back, never trained again;
 3. at the deadline, or when the runner itself gets SIGTERM or SIGINT (a scheduler's preemption,
    Ctrl-C), sends every run SIGTERM: the trainer checkpoints and exits, and a later call with the
-   same ``work`` folder resumes it (the metrics window is checkpointed too: no seam);
+   same ``work`` folder resumes it (the metrics window is checkpointed too: no seam); runs still
+   queued are not started, and the runner returns once the stopped runs have exited;
 4. copies each run's metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml, train.log and a
    run.json into ``<results>/<size>/<arm>/seed<k>/``.
 
@@ -222,7 +223,7 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
         return time.perf_counter() - launched
 
     try:
-        while queue or running:
+        while running or (queue and not stopping):  # once stopping, the queue waits for the next command
             while queue and len(running) < parallel and not stopping:
                 run = queue.pop(0)
                 left = None if deadline_s is None else deadline_s - elapsed()
@@ -265,6 +266,8 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+    for run in queue:
+        echo(f"{run.id}: not started, the runs were stopped")
 
     total = sum(o.get("tokens_per_s_median") or 0.0 for o in outcomes.values())
     echo(f"{len(outcomes)} run(s) in {elapsed():.0f} s; sum of median tokens/s: {total:,.0f}")

@@ -186,6 +186,31 @@ def test_a_run_completed_in_the_work_folder_is_copied_back_not_trained_again(mon
     assert any("t/a/seed0: completed in" in line and "copied there, not run again" in line for line in said), said
 
 
+def test_the_deadline_stops_the_runs_and_returns_with_runs_still_queued(monkeypatch, tmp_path):
+    """One run at a time and a deadline inside the first: the runner stops it, leaves the second queued for
+    the next command and returns (it once waited forever on the queue it would no longer start)."""
+    import time
+    from reports import study_runner
+
+    study, attempts = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
+    polls, sleep = [], time.sleep
+
+    def counted_sleep(seconds):  # the runner polls every 0.5 s: 120 polls is a minute, a hang by then
+        polls.append(seconds)
+        if len(polls) > 120:
+            raise RuntimeError("the runner did not return")
+        sleep(seconds)
+
+    monkeypatch.setattr(study_runner.time, "sleep", counted_sleep)
+    said = []
+    returned = [study_runner.run_study(study, study.runs(), work=tmp_path / "work", prepared_dir=tmp_path / "p",
+                                       parallel=1, deadline_s=0.2, echo=said.append)]
+    assert returned == [1], said
+    assert attempts == {"t/a/seed0": 1}, said
+    assert json.loads((study.results / "t" / "a" / "seed0" / "run.json").read_text())["status"] == "stopped"
+    assert "t/b/seed0: not started, the runs were stopped" in said, said
+
+
 def test_only_the_last_launch_s_out_of_memory_error_counts(tmp_path):
     from reports.study_runner import ran_out_of_gpu_memory
 
