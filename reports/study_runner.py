@@ -18,8 +18,10 @@ processes share it (docs/study.md has the aggregate tokens/s). The runner:
    Ctrl-C), sends every run SIGTERM: the trainer checkpoints and exits, and a later call with the
    same ``work`` folder resumes it (the metrics window is checkpointed too: no seam); runs still
    queued are not started, and the runner returns once the stopped runs have exited;
-4. copies each run's metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml, train.log and a
-   run.json into ``<results>/<size>/<arm>/seed<k>/``.
+4. copies each run's metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml, train.log, a
+   run.json and any metrics.superseded.jsonl into ``<results>/<size>/<arm>/seed<k>/``. A run not
+   completed whose work folder is gone (a fresh machine: no checkpoint) starts from those files, so
+   it trains again from step 0 with its record continued and its earlier metrics set aside.
 
 run.json: the run's id, size, arm, seed, status ("completed", "stopped", "failed"), the trainer
 command, exit code, wall time and calls (accumulated over launches: resumes and retries), what ran
@@ -45,9 +47,11 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from reports.study_definition import Study, StudyRun
+from trainer.checkpoint.layout import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
-KEPT_FILES = ("metrics.jsonl", "events.jsonl", "precision_plan.txt", "train.log", "run.json", "config.yaml")
+KEPT_FILES = ("metrics.jsonl", "events.jsonl", "precision_plan.txt", "train.log", "run.json", "config.yaml",
+              "metrics.superseded.jsonl")  # the last: lines of a history trained again (trainer/metrics.py)
 Echo = Callable[[str], None]
 
 
@@ -154,6 +158,23 @@ def recover_completed(run: StudyRun, work: Path, results: Path, echo: Echo) -> b
     return True
 
 
+def continue_record_from_results(run: StudyRun, work: Path, results: Path, echo: Echo) -> bool:
+    """A run not completed whose work folder is gone (a fresh machine) while its results hold an earlier
+    launch: copy those files into the work folder, so the next launch adds to its record (calls, wall
+    time, sources) and the trainer, starting again from step 0 with no checkpoint, moves the earlier
+    history's metrics to metrics.superseded.jsonl rather than the results losing them. True if copied."""
+    run_dir, kept = work / run.id, results / run.id
+    if run_record(run_dir) or not run_record(kept) or completed(kept):
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_FILES:
+        if (kept / name).is_file() and not (run_dir / name).exists():
+            shutil.copy(kept / name, run_dir / name)
+    status = run_record(kept).get("status")
+    echo(f"{run.id}: {status} earlier, and {run_dir} held nothing of it: its record copied there from {kept}")
+    return True
+
+
 def _copy_kept_files(run_dir: Path, target: Path) -> None:
     """The run's KEPT_FILES from its work folder into its results folder."""
     target.mkdir(parents=True, exist_ok=True)
@@ -198,7 +219,7 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
     work, results = Path(work), study.results
     if not force:
         for run in runs:
-            recover_completed(run, work, results, echo)
+            recover_completed(run, work, results, echo) or continue_record_from_results(run, work, results, echo)
     pending = [run for run in runs if force or not completed(results / run.id)]
     for run in runs:
         if run not in pending:
@@ -294,6 +315,9 @@ def _start(run: StudyRun, work: Path, shared: Sequence[str], beside: set[str], f
     if force and run_dir.exists() and not run_record(run_dir).get("status") == "stopped":
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # a checkpoint left there by a deadline is resumed
+    if run_record(run_dir) and not list_checkpoints(run_dir / "checkpoints"):
+        echo(f"{run.id}: no complete checkpoint in {run_dir / 'checkpoints'}: trained again from step 0 (the "
+             f"earlier launches' metrics lines move to metrics.superseded.jsonl)")
     command = [sys.executable, "-m", "trainer", *run.trainer_arguments(), *shared,
                f"run_dir={run_dir}", f"hydra.run.dir={run_dir}"]
     echo(f"{run.id}: {shlex.join(command[1:])}")

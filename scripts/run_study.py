@@ -8,7 +8,7 @@
 
 The study file's format: reports/study_definition.py. Results go beside it, one folder per run
 (<size>/<arm>/seed<k>/: metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml, train.log,
-run.json with the source commit and the corpus hash). A completed run is not run again unless
+run.json with the source commit and the corpus hash, metrics.superseded.jsonl if steps were trained again). A completed run is not run again unless
 --force; a run stopped at --deadline checkpoints, and the same command with the same --work resumes
 it. What the runner does: reports/study_runner.py.
 """

@@ -1,6 +1,7 @@
 """scripts/run_study.py end to end on the CPU: two tiny arms side by side, stopped mid-training by a
-SIGTERM to the runner (each run checkpoints), resumed by the same command to completion; run.json records
-the calls, the source commit and the corpus hash, and the resumed metrics log has no seam. The deadline
+SIGTERM to the runner (each run checkpoints), resumed by the same command to completion (one of them on a
+"fresh machine": its work folder gone, it trains again from step 0); run.json records the calls, the source
+commit and the corpus hash, and the resumed metrics log has no seam. The deadline
 takes the same path as the signal (it is not timed here: a loaded CI machine makes timings unreliable)."""
 
 from __future__ import annotations
@@ -85,8 +86,11 @@ def test_runs_side_by_side_stop_on_a_signal_and_resume(tmp_path):
         record = json.loads((study.parent / "t" / run / "seed0" / "run.json").read_text())
         assert record["status"] == "stopped" and record["calls"] == 1, output
 
+    import shutil
+    shutil.rmtree(tmp_path / "work" / "t" / "b")  # b's machine is gone, and its checkpoint with it
     second = run_study(*common, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
+    assert "t/b/seed0: stopped earlier, and" in second.stdout and "t/b/seed0: no complete checkpoint" in second.stdout
     for run in ("a", "b"):
         folder = study.parent / "t" / run / "seed0"
         record = json.loads((folder / "run.json").read_text())
@@ -98,7 +102,9 @@ def test_runs_side_by_side_stop_on_a_signal_and_resume(tmp_path):
         for name in ("metrics.jsonl", "events.jsonl", "config.yaml", "train.log", "precision_plan.txt"):
             assert (folder / name).is_file(), name
         events = [json.loads(line)["event"] for line in (folder / "events.jsonl").read_text().splitlines()]
-        assert "preempted" in events and "resumed" in events
+        # a resumed from its checkpoint; b trained again from step 0, its first history's lines set aside
+        assert "preempted" in events and ("resumed" if run == "a" else "metrics_superseded") in events
+        assert (folder / "metrics.superseded.jsonl").is_file() == (run == "b")
         lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
         regular = [line for line in lines if not line.get("partial")]
         # no seam: every regular line averages log_every steps, the one after the resume too
@@ -184,6 +190,32 @@ def test_a_run_completed_in_the_work_folder_is_copied_back_not_trained_again(mon
     assert attempts == {"t/a/seed0": 1, "t/b/seed0": 1}, said
     assert (folder / "run.json").read_text() == kept and (folder / "train.log").is_file()
     assert any("t/a/seed0: completed in" in line and "copied there, not run again" in line for line in said), said
+
+
+def test_a_stopped_run_whose_work_folder_is_gone_continues_its_record(monkeypatch, tmp_path):
+    """A run stopped by one command, then a fresh machine (no work folder, so no checkpoint): the next
+    command copies the results' record into the new work folder before training again, so calls and
+    sources accumulate and the earlier metrics are there for the trainer to move aside, not overwritten."""
+    import shutil
+    from reports.study_runner import run_study
+
+    def behaviour(run, attempt, beside):
+        return ("preempted at step 5: checkpoint saved", 0) if attempt == 1 else ("done", 0)
+
+    study, attempts = _stand_in_runner(monkeypatch, tmp_path, behaviour)
+    work = tmp_path / "work"
+    assert run_study(study, study.runs(), work=work, prepared_dir=tmp_path / "p", parallel=2, echo=lambda _: None) == 1
+    folder = study.results / "t" / "a" / "seed0"
+    assert json.loads((folder / "run.json").read_text())["status"] == "stopped"
+    earlier = '{"step": 5, "loss": 3.0}\n'
+    (folder / "metrics.jsonl").write_text(earlier)  # what the stopped launch logged
+    shutil.rmtree(work)
+    said = []
+    assert run_study(study, study.runs(), work=work, prepared_dir=tmp_path / "p", parallel=2, echo=said.append) == 0
+    assert any(line.startswith("t/a/seed0: stopped earlier, and") and "record copied there" in line for line in said)
+    record = json.loads((folder / "run.json").read_text())
+    assert record["status"] == "completed" and record["calls"] == 2 and len(record["sources_per_call"]) == 2
+    assert (work / "t" / "a" / "seed0" / "metrics.jsonl").read_text() == earlier  # the stand-in wrote none
 
 
 def test_the_deadline_stops_the_runs_and_returns_with_runs_still_queued(monkeypatch, tmp_path):
