@@ -23,8 +23,10 @@ processes share it (docs/study.md has the aggregate tokens/s). The runner:
    completed whose work folder is gone (a fresh machine: no checkpoint) starts from those files, so
    it trains again from step 0 with its record continued and its earlier metrics set aside.
 
-run.json: the run's id, size, arm, seed, status ("completed", "stopped", "failed"), the trainer
-command, exit code, wall time and calls (accumulated over launches: resumes and retries), what ran
+run.json: the run's id, size, arm, seed, status ("completed", "stopped", "failed"; "running" in the
+work folder while a launch is under way), the trainer command, exit code, wall time and calls
+(accumulated over launches: resumes, retries, and launches killed from outside, counted by the next
+launch as "killed_launches" with their time up to their last log write), what ran
 beside it in each call, the median tokens/s, the GPU and versions, the source commit of each call
 (the STUDY_SOURCE_COMMIT / STUDY_SOURCE_DIRTY environment variables of a copied tree, else git's),
 and the prepared corpus's content hash and token counts.
@@ -254,6 +256,7 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
                          f", {max(left, 0):.0f} s left" + (f" and it takes about {guess:.0f} s" if guess else "")))
                     continue
                 running.append(_start(run, work, shared, {r.run.id for r in running}, force, echo))
+                _mark_launch(work / run.id, running[-1], source, echo)
                 for other in running[:-1]:
                     other.beside.add(run.id)
             side_by_side = len(running)  # before this pass: runs that fail together count once
@@ -327,6 +330,34 @@ def _start(run: StudyRun, work: Path, shared: Sequence[str], beside: set[str], f
     return _Running(run, process, log, beside, log_offset=offset)
 
 
+LAUNCH_MARKS = ("launch_started", "launch_source", "launch_beside")
+
+
+def _mark_launch(run_dir: Path, entry: _Running, source: dict, echo: Echo) -> None:
+    """Set the run's run.json to status "running" as its launch begins, with the launch's start, source and
+    neighbours. A launch killed from outside (the machine's time limit, a lost node) never reaches _collect,
+    so the next launch finds the mark and counts it: a call more, and wall time up to the killed launch's
+    last write to train.log, under "killed_launches". Called just after the launch: the trainer's first
+    write to train.log comes seconds later (after its imports), so the mtime read here is the old launch's."""
+    record = run_record(run_dir)
+    if record.get("status") == "running":
+        ended = max(_last_write(run_dir / "train.log", record["launch_started"]), record["launch_started"])
+        wall = ended - record["launch_started"]
+        record.update(wall_s=round(record.get("wall_s", 0.0) + wall, 1), calls=record.get("calls", 0) + 1,
+                      killed_launches=record.get("killed_launches", 0) + 1,
+                      side_by_side_per_call=record.get("side_by_side_per_call", []) + [record["launch_beside"]],
+                      sources_per_call=record.get("sources_per_call", []) + [record["launch_source"]])
+        echo(f"{entry.run.id}: its launch of {time.ctime(record['launch_started'])} ended with no record (killed "
+             f"from outside): counted as a call of {wall:.0f} s, to its last write to train.log")
+    record.update(status="running", launch_started=time.time(), launch_source=source,
+                  launch_beside=sorted(entry.beside))
+    (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _last_write(path: Path, otherwise: float) -> float:
+    return path.stat().st_mtime if path.is_file() else otherwise
+
+
 def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Path, extra: Sequence[str],
              skip_steps: int, source: dict, corpus: dict, machine: dict) -> dict:
     """Write the run's run.json (accumulated over calls) and copy its files into the results."""
@@ -340,6 +371,8 @@ def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Pa
     # its handler (still starting up): nothing trained in this call, and nothing is lost either
     preempted = (bool(lines) and "preempted at step" in lines[-1]) or (entry.signalled and code == -signal.SIGTERM)
     previous = run_record(run_dir)
+    for key in LAUNCH_MARKS:  # this launch's own mark (_mark_launch)
+        previous.pop(key, None)
     record = {
         "run": run.id, "size": run.size, "arm": run.arm, "seed": run.seed, "study": study.name,
         "status": "stopped" if preempted else ("completed" if code == 0 else "failed"),
@@ -356,6 +389,8 @@ def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Pa
         "corpus": corpus,
         "system": machine,
     }
+    if previous.get("killed_launches"):
+        record["killed_launches"] = previous["killed_launches"]
     (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")
     _copy_kept_files(run_dir, results / run.id)
     return record

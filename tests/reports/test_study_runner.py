@@ -218,6 +218,34 @@ def test_a_stopped_run_whose_work_folder_is_gone_continues_its_record(monkeypatc
     assert (work / "t" / "a" / "seed0" / "metrics.jsonl").read_text() == earlier  # the stand-in wrote none
 
 
+def test_a_launch_killed_from_outside_is_counted_by_the_next(monkeypatch, tmp_path):
+    """A runner killed with its run (the machine's time limit) leaves the run's launch mark, status "running";
+    the next command counts that launch: a call more, its time to the last train.log write, killed_launches."""
+    import time
+    from reports.study_runner import run_study
+
+    study, attempts = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
+    run_dir = tmp_path / "work" / "t" / "a" / "seed0"
+    run_dir.mkdir(parents=True)
+    started = time.time() - 300
+    (run_dir / "run.json").write_text(json.dumps({  # what _mark_launch left when the launch was killed
+        "status": "running", "launch_started": started, "launch_beside": ["t/b/seed0"],
+        "launch_source": {"commit": "killed", "dirty": False, "from": "environment"}}))
+    (run_dir / "train.log").write_text("step 100\n")
+    os.utime(run_dir / "train.log", (started + 120, started + 120))  # its last write, 120 s in
+    said = []
+    assert run_study(study, study.runs(), work=tmp_path / "work", prepared_dir=tmp_path / "p", parallel=1,
+                     echo=said.append) == 0
+    record = json.loads((study.results / "t" / "a" / "seed0" / "run.json").read_text())
+    assert record["status"] == "completed" and record["calls"] == 2 and record["killed_launches"] == 1, said
+    assert 120 <= record["wall_s"] < 150 and [s["commit"] for s in record["sources_per_call"]] == ["killed", "abc"]
+    assert record["side_by_side_per_call"] == [["t/b/seed0"], []]
+    assert not any(key.startswith("launch_") for key in record)
+    assert any("t/a/seed0: its launch of" in line and "counted as a call of 120 s" in line for line in said), said
+    other = json.loads((study.results / "t" / "b" / "seed0" / "run.json").read_text())
+    assert other["calls"] == 1 and "killed_launches" not in other
+
+
 def test_the_deadline_stops_the_runs_and_returns_with_runs_still_queued(monkeypatch, tmp_path):
     """One run at a time and a deadline inside the first: the runner stops it, leaves the second queued for
     the next command and returns (it once waited forever on the queue it would no longer start)."""
