@@ -102,7 +102,9 @@ def corpus_identity(prepared_dir: Path) -> dict:
 
 
 def machine_description() -> dict:
-    info = {"python": platform.python_version()}
+    # CUDA MPS lets the side-by-side runs' kernels overlap: their tokens/s are not comparable without it
+    mps_control = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"
+    info = {"python": platform.python_version(), "cuda_mps": mps_control.exists()}
     try:
         import torch
 
