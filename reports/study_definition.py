@@ -86,11 +86,17 @@ class Study:
         return expanded
 
     def select(self, patterns: Sequence[str] = ()) -> list[StudyRun]:
-        """The runs whose id matches any of the shell-style patterns (all runs when none is given)."""
+        """The runs whose id matches any of the shell-style patterns (all runs when none is given), in the
+        patterns' order (the study file's within one pattern): the runner starts them in that order, so
+        `48m/nvfp4/seed0 '9m/*'` starts the long run first and the short ones fill in beside it."""
         runs = self.runs()
         if not patterns:
             return runs
-        chosen = [run for run in runs if any(fnmatch.fnmatchcase(run.id, pattern) for pattern in patterns)]
+
+        def first_pattern(run: StudyRun) -> Optional[int]:
+            return next((i for i, pattern in enumerate(patterns) if fnmatch.fnmatchcase(run.id, pattern)), None)
+
+        chosen = sorted((run for run in runs if first_pattern(run) is not None), key=first_pattern)
         unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(run.id, p) for run in runs)]
         if unmatched:
             raise ValueError(f"no run of study {self.name!r} matches {', '.join(map(repr, unmatched))}; "

@@ -25,7 +25,7 @@ from reports.study_runner import completed, run_study
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", required=True, help="the study's YAML file")
-    parser.add_argument("--only", nargs="*", default=[], help="run ids or shell patterns (9m/nvfp4/seed0, '9m/*/seed1')")
+    parser.add_argument("--only", nargs="*", default=[], help="run ids or shell patterns (9m/nvfp4/seed0, '9m/*/seed1'), started in this order")
     parser.add_argument("--list", action="store_true", help="print the selected runs and whether each is done")
     parser.add_argument("--plan", metavar="GPU", default=None,
                         help="print each selected run not yet completed with its planned step time, time alone on one "

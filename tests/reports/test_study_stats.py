@@ -91,6 +91,9 @@ def test_a_study_file_expands_into_size_arm_seed_runs(tmp_path):
     assert run.trainer_arguments() == ["+experiment=quickstart", "model.hidden_size=128", "precision=bf16",
                                        "seed=2", "precision.seed=2"]
     assert [r.id for r in study.select(["small/*/seed1"])] == ["small/a/seed1", "small/b/seed1"]
+    # the patterns' order, then the file's: a long run named first starts first
+    assert [r.id for r in study.select(["big/a/seed2", "small/*/seed0", "*/a/*"])] == [
+        "big/a/seed2", "small/a/seed0", "small/b/seed0", "small/a/seed1", "big/a/seed0", "big/a/seed1"]
     assert study.results == tmp_path
     with pytest.raises(ValueError, match="no run of study 'demo' matches 'huge/\\*'"):
         study.select(["huge/*"])
