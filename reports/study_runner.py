@@ -162,19 +162,23 @@ def recover_completed(run: StudyRun, work: Path, results: Path, echo: Echo) -> b
     return True
 
 
-def continue_record_from_results(run: StudyRun, work: Path, results: Path, echo: Echo) -> bool:
+def continue_record_from_results(run: StudyRun, work: Path, results: Path, echo: Echo,
+                                 extra: Sequence[str] = ()) -> bool:
     """A run not completed whose work folder is gone (a fresh machine) while its results hold an earlier
     launch: copy those files into the work folder, so the next launch adds to its record (calls, wall
     time, sources) and the trainer, starting again from step 0 with no checkpoint, moves the earlier
-    history's metrics to metrics.superseded.jsonl rather than the results losing them. True if copied."""
+    history's metrics to metrics.superseded.jsonl rather than the results losing them. Only a record of
+    the same overrides (``extra``: none for the study's own runs) is continued. True if copied."""
     run_dir, kept = work / run.id, results / run.id
-    if run_record(run_dir) or not run_record(kept) or completed(kept):
+    record = run_record(kept)
+    if (run_record(run_dir) or not record or completed(kept)
+            or list(record.get("probe_overrides", [])) != list(extra)):
         return False
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in KEPT_FILES:
         if (kept / name).is_file() and not (run_dir / name).exists():
             shutil.copy(kept / name, run_dir / name)
-    status = run_record(kept).get("status")
+    status = record.get("status")
     echo(f"{run.id}: {status} earlier, and {run_dir} held nothing of it: its record copied there from {kept}")
     return True
 
@@ -223,7 +227,8 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
     work, results = Path(work), study.results
     if not force:
         for run in runs:
-            recover_completed(run, work, results, echo) or continue_record_from_results(run, work, results, echo)
+            recover_completed(run, work, results, echo) or continue_record_from_results(run, work, results, echo,
+                                                                                        extra)
     pending = [run for run in runs if force or not completed(results / run.id)]
     for run in runs:
         if run not in pending:
@@ -257,8 +262,10 @@ def run_study(study: Study, runs: Sequence[StudyRun], *, work: Path, prepared_di
                     echo(f"{run.id}: not started" + (f", {requested[0]} received" if requested else
                          f", {max(left, 0):.0f} s left" + (f" and it takes about {guess:.0f} s" if guess else "")))
                     continue
-                running.append(_start(run, work, shared, {r.run.id for r in running}, force, echo))
-                _mark_launch(work / run.id, running[-1], source, echo)
+                beside = {r.run.id for r in running}
+                _work_folder(run, work, force)
+                _mark_launch(run, work / run.id, beside, source, echo)  # before the trainer writes train.log
+                running.append(_start(run, work, shared, beside, echo))
                 for other in running[:-1]:
                     other.beside.add(run.id)
             side_by_side = len(running)  # before this pass: runs that fail together count once
@@ -315,12 +322,18 @@ def _expected_walls(results: Path, runs: Sequence[StudyRun]) -> dict:
     return expected
 
 
-def _start(run: StudyRun, work: Path, shared: Sequence[str], beside: set[str], force: bool, echo: Echo) -> _Running:
+def _work_folder(run: StudyRun, work: Path, force: bool) -> None:
+    """The run's work folder; with --force a finished or failed run's is emptied first. A stopped launch's
+    or a killed one's ("running") is kept: its checkpoint resumes the forced run."""
     run_dir = work / run.id
-    if force and run_dir.exists() and not run_record(run_dir).get("status") == "stopped":
+    if force and run_dir.exists() and run_record(run_dir).get("status") not in ("stopped", "running"):
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # a checkpoint left there by a deadline is resumed
-    if run_record(run_dir) and not list_checkpoints(run_dir / "checkpoints"):
+
+
+def _start(run: StudyRun, work: Path, shared: Sequence[str], beside: set[str], echo: Echo) -> _Running:
+    run_dir = work / run.id
+    if run_record(run_dir).get("calls") and not list_checkpoints(run_dir / "checkpoints"):
         echo(f"{run.id}: no complete checkpoint in {run_dir / 'checkpoints'}: trained again from step 0 (the "
              f"earlier launches' metrics lines move to metrics.superseded.jsonl)")
     command = [sys.executable, "-m", "trainer", *run.trainer_arguments(), *shared,
@@ -335,12 +348,11 @@ def _start(run: StudyRun, work: Path, shared: Sequence[str], beside: set[str], f
 LAUNCH_MARKS = ("launch_started", "launch_source", "launch_beside")
 
 
-def _mark_launch(run_dir: Path, entry: _Running, source: dict, echo: Echo) -> None:
-    """Set the run's run.json to status "running" as its launch begins, with the launch's start, source and
+def _mark_launch(run: StudyRun, run_dir: Path, beside: set[str], source: dict, echo: Echo) -> None:
+    """Set the run's run.json to status "running" just before its launch, with the launch's start, source and
     neighbours. A launch killed from outside (the machine's time limit, a lost node) never reaches _collect,
     so the next launch finds the mark and counts it: a call more, and wall time up to the killed launch's
-    last write to train.log, under "killed_launches". Called just after the launch: the trainer's first
-    write to train.log comes seconds later (after its imports), so the mtime read here is the old launch's."""
+    last write to train.log, under "killed_launches" (neighbours started after it are not known)."""
     record = run_record(run_dir)
     if record.get("status") == "running":
         ended = max(_last_write(run_dir / "train.log", record["launch_started"]), record["launch_started"])
@@ -349,11 +361,17 @@ def _mark_launch(run_dir: Path, entry: _Running, source: dict, echo: Echo) -> No
                       killed_launches=record.get("killed_launches", 0) + 1,
                       side_by_side_per_call=record.get("side_by_side_per_call", []) + [record["launch_beside"]],
                       sources_per_call=record.get("sources_per_call", []) + [record["launch_source"]])
-        echo(f"{entry.run.id}: its launch of {time.ctime(record['launch_started'])} ended with no record (killed "
+        echo(f"{run.id}: its launch of {time.ctime(record['launch_started'])} ended with no record (killed "
              f"from outside): counted as a call of {wall:.0f} s, to its last write to train.log")
-    record.update(status="running", launch_started=time.time(), launch_source=source,
-                  launch_beside=sorted(entry.beside))
-    (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")
+    record.update(status="running", launch_started=time.time(), launch_source=source, launch_beside=sorted(beside))
+    _write_record(run_dir, record)
+
+
+def _write_record(run_dir: Path, record: dict) -> None:
+    """run.json, replaced atomically: a runner killed mid-write leaves the old record, never half a file."""
+    temporary = run_dir / "run.json.tmp"
+    temporary.write_text(json.dumps(record, indent=1) + "\n")
+    temporary.replace(run_dir / "run.json")
 
 
 def _last_write(path: Path, otherwise: float) -> float:
@@ -367,7 +385,9 @@ def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Pa
     hydra_config = run_dir / ".hydra" / "config.yaml"
     if not (run_dir / "config.yaml").is_file() and hydra_config.is_file():
         shutil.copy(hydra_config, run_dir / "config.yaml")
-    lines = (run_dir / "train.log").read_text().rstrip().splitlines()  # accumulates over calls
+    with open(run_dir / "train.log", "rb") as handle:  # this launch's part: the file accumulates over calls
+        handle.seek(entry.log_offset)
+        lines = handle.read().decode(errors="replace").rstrip().splitlines()
     code = entry.process.returncode
     # "preempted at step": it checkpointed; killed by the deadline's SIGTERM before the trainer installed
     # its handler (still starting up): nothing trained in this call, and nothing is lost either
@@ -393,7 +413,7 @@ def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Pa
     }
     if previous.get("killed_launches"):
         record["killed_launches"] = previous["killed_launches"]
-    (run_dir / "run.json").write_text(json.dumps(record, indent=1) + "\n")
+    _write_record(run_dir, record)
     _copy_kept_files(run_dir, results / run.id)
     return record
 

@@ -123,15 +123,15 @@ def _stand_in_runner(monkeypatch, tmp_path: Path, behaviour):
 
     attempts: dict = {}
 
-    def start(run, work, shared, beside, force, echo):
+    def start(run, work, shared, beside, echo):
         attempts[run.id] = attempts.get(run.id, 0) + 1
         run_dir = work / run.id
-        run_dir.mkdir(parents=True, exist_ok=True)
         text, code = behaviour(run, attempts[run.id], beside)
         log = open(run_dir / "train.log", "a")
+        offset = (run_dir / "train.log").stat().st_size
         script = f"import sys, time; time.sleep(0.6); print({text!r}); sys.exit({code})"
         process = subprocess.Popen([sys.executable, "-c", script], stdout=log, stderr=subprocess.STDOUT)
-        return study_runner._Running(run, process, log, beside)
+        return study_runner._Running(run, process, log, beside, log_offset=offset)
 
     monkeypatch.setattr(study_runner, "_start", start)
     monkeypatch.setattr(study_runner, "prepare_corpus", lambda *args: {"content_sha256": "0" * 64})
@@ -244,6 +244,83 @@ def test_a_launch_killed_from_outside_is_counted_by_the_next(monkeypatch, tmp_pa
     assert any("t/a/seed0: its launch of" in line and "counted as a call of 120 s" in line for line in said), said
     other = json.loads((study.results / "t" / "b" / "seed0" / "run.json").read_text())
     assert other["calls"] == 1 and "killed_launches" not in other
+
+
+def test_a_runner_that_dies_leaves_its_launches_marked_and_the_next_command_counts_them(monkeypatch, tmp_path):
+    """The runner dies (here: starting b raises) with a's launch under way: a's work run.json says "running";
+    the next command counts that launch for a (and b's, marked before its start failed)."""
+    import time
+    from reports import study_runner
+
+    study, attempts = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
+    real_start = study_runner._start
+    monkeypatch.setattr(study_runner, "_start", lambda run, *args: (
+        (_ for _ in ()).throw(RuntimeError("machine lost")) if run.arm == "b" and attempts.get(run.id) is None
+        else real_start(run, *args)))
+    work = tmp_path / "work"
+    with pytest.raises(RuntimeError, match="machine lost"):
+        study_runner.run_study(study, study.runs(), work=work, prepared_dir=tmp_path / "p", parallel=2,
+                               echo=lambda _: None)
+    attempts["t/b/seed0"] = 0  # b starts normally from now on
+    time.sleep(1.0)  # a's stand-in process ends, never collected
+    marked = json.loads((work / "t" / "a" / "seed0" / "run.json").read_text())
+    assert marked["status"] == "running" and marked["launch_beside"] == []
+    monkeypatch.setattr(study_runner, "_start", real_start)
+    said = []
+    assert study_runner.run_study(study, study.runs(), work=work, prepared_dir=tmp_path / "p", parallel=2,
+                                  echo=said.append) == 0
+    for arm in ("a", "b"):
+        record = json.loads((study.results / "t" / arm / "seed0" / "run.json").read_text())
+        assert record["status"] == "completed" and record["calls"] == 2 and record["killed_launches"] == 1, said
+    assert json.loads((study.results / "t" / "b" / "seed0" / "run.json").read_text())["side_by_side_per_call"][0] == [
+        "t/a/seed0"]
+
+
+def test_force_keeps_a_killed_launch_s_checkpoint_and_record(tmp_path):
+    from reports.study_runner import _work_folder
+    from reports.study_definition import load_study
+
+    study = load_study(study_file(tmp_path))
+    run = study.runs()[0]
+    for status, kept in (("running", True), ("stopped", True), ("completed", False), ("failed", False)):
+        folder = tmp_path / "work" / run.id
+        (folder / "checkpoints" / "step_00000005").mkdir(parents=True, exist_ok=True)
+        (folder / "run.json").write_text(json.dumps({"status": status, "calls": 1}))
+        _work_folder(run, tmp_path / "work", force=True)
+        assert (folder / "checkpoints").is_dir() == kept and folder.is_dir(), status
+        _work_folder(run, tmp_path / "work", force=False)
+
+
+def test_a_probe_s_record_is_not_continued_into_the_study_run(monkeypatch, tmp_path):
+    from reports.study_runner import continue_record_from_results
+
+    study, _ = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
+    run = study.runs()[0]
+    folder = study.results / run.id
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"status": "stopped", "calls": 1, "probe_overrides": ["train.steps=9"]}))
+    said = []
+    assert not continue_record_from_results(run, tmp_path / "work", study.results, said.append)
+    assert continue_record_from_results(run, tmp_path / "work", study.results, said.append, ["train.steps=9"])
+    assert (tmp_path / "work" / run.id / "run.json").is_file() and len(said) == 1
+
+
+def test_an_earlier_launch_s_preempted_line_does_not_hide_a_failure(monkeypatch, tmp_path):
+    """A launch stopped at the deadline ends train.log with "preempted at step"; the next launch dies writing
+    nothing (say the kernel's OOM killer): that is a failure, read from this launch's part of the log."""
+    from reports.study_runner import run_study
+
+    def behaviour(run, attempt, beside):
+        return ("preempted at step 5: checkpoint saved", 0) if attempt == 1 else ("", -9)
+
+    study, attempts = _stand_in_runner(monkeypatch, tmp_path, behaviour)
+    runs = study.select(["t/a/seed0"])
+    work = tmp_path / "work"
+    assert run_study(study, runs, work=work, prepared_dir=tmp_path / "p", parallel=1, echo=lambda _: None) == 1
+    log = work / "t" / "a" / "seed0" / "train.log"
+    log.write_text(log.read_text().rstrip("\n"))  # the killed launch writes no newline either
+    assert run_study(study, runs, work=work, prepared_dir=tmp_path / "p", parallel=1, echo=lambda _: None) == 1
+    assert json.loads((study.results / "t" / "a" / "seed0" / "run.json").read_text())["status"] == "failed"
 
 
 def test_the_deadline_stops_the_runs_and_returns_with_runs_still_queued(monkeypatch, tmp_path):
