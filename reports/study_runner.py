@@ -147,10 +147,15 @@ def ran_out_of_gpu_memory(log: Path, since: int = 0, tail_lines: int = 60) -> bo
     ``since`` on (the launch that just ended: an earlier launch's error does not count)."""
     if not log.is_file():
         return False
-    with open(log, "rb") as handle:
-        handle.seek(since)
-        tail = handle.read().decode(errors="replace").splitlines()[-tail_lines:]
+    tail = _lines_from(log, since)[-tail_lines:]
     return any(mark in line for line in tail for mark in OUT_OF_MEMORY_MARKS)
+
+
+def _lines_from(log: Path, offset: int) -> list[str]:
+    """The lines of ``log`` from byte ``offset`` on: what one launch wrote to a log that accumulates."""
+    with open(log, "rb") as handle:
+        handle.seek(offset)
+        return handle.read().decode(errors="replace").rstrip().splitlines()
 
 
 def recover_completed(run: StudyRun, work: Path, results: Path, echo: Echo) -> bool:
@@ -174,21 +179,18 @@ def continue_record_from_results(run: StudyRun, work: Path, results: Path, echo:
     if (run_record(run_dir) or not record or completed(kept)
             or list(record.get("probe_overrides", [])) != list(extra)):
         return False
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for name in KEPT_FILES:
-        if (kept / name).is_file() and not (run_dir / name).exists():
-            shutil.copy(kept / name, run_dir / name)
+    _copy_kept_files(kept, run_dir)
     status = record.get("status")
     echo(f"{run.id}: {status} earlier, and {run_dir} held nothing of it: its record copied there from {kept}")
     return True
 
 
-def _copy_kept_files(run_dir: Path, target: Path) -> None:
-    """The run's KEPT_FILES from its work folder into its results folder."""
+def _copy_kept_files(source: Path, target: Path) -> None:
+    """The run's KEPT_FILES from one of its folders to another (work to results, or back to a new work folder)."""
     target.mkdir(parents=True, exist_ok=True)
     for name in KEPT_FILES:
-        if (run_dir / name).is_file():
-            shutil.copy(run_dir / name, target / name)
+        if (source / name).is_file():
+            shutil.copy(source / name, target / name)
 
 
 # ---------------------------------------------------------------------------------- running
@@ -385,9 +387,7 @@ def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Pa
     hydra_config = run_dir / ".hydra" / "config.yaml"
     if not (run_dir / "config.yaml").is_file() and hydra_config.is_file():
         shutil.copy(hydra_config, run_dir / "config.yaml")
-    with open(run_dir / "train.log", "rb") as handle:  # this launch's part: the file accumulates over calls
-        handle.seek(entry.log_offset)
-        lines = handle.read().decode(errors="replace").rstrip().splitlines()
+    lines = _lines_from(run_dir / "train.log", entry.log_offset)  # this launch's part of the log
     code = entry.process.returncode
     # "preempted at step": it checkpointed; killed by the deadline's SIGTERM before the trainer installed
     # its handler (still starting up): nothing trained in this call, and nothing is lost either
