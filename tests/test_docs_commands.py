@@ -43,7 +43,7 @@ PROGRAMS = ("python ", "python3 ", "torchrun ", "pip ", "pytest", "sbatch ", "ex
 GPU_SCRIPTS = {"benchmark", "bench_mamba", "bench_quant", "bench_fp8_linear"}
 """Scripts that measure a CUDA GPU: parsed only."""
 TINY_TRAINER = [
-    "model=tiny", "model.vocab_size=512", "parallel=auto", "parallel.compile=false", "data=builtin",
+    "model=tiny", "model.vocab_size=512", "parallel=data_parallel", "parallel.compile=false", "data=builtin",
     "precision.keep_indivisible_in_bf16=true",  # tiny dims do not divide FP8's 128-blocks
     "data.builtin_vocab_size=512", "data.builtin_corpus_mb=0.3",
     "data.seq_len=64", "data.validation_batches=1", "data.validation_fraction=0.2", "train.steps=1",

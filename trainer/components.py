@@ -82,27 +82,33 @@ class BatchSkipper:
 class Evaluator:
     """Mean validation loss over a fixed list of micro-batches, every `every` steps and at the last."""
 
-    def __init__(self, model, batches: list, every: int, autocast, device: torch.device):
+    def __init__(self, model, batches: list, every: int, autocast, device: torch.device, tp_mesh=None):
         self.model, self.batches, self.every = model, batches, every
-        self.autocast, self.device = autocast, device
+        self.autocast, self.device, self.tp_mesh = autocast, device, tp_mesh
 
     def should_run(self, step: int, last: bool) -> bool:
         return bool(self.batches) and (step % self.every == 0 or last)
 
     def run(self) -> float:
-        return evaluate(self.model, self.batches, self.autocast, self.device)
+        return evaluate(self.model, self.batches, self.autocast, self.device, self.tp_mesh)
 
 
 @torch.no_grad()
-def evaluate(model, batches, autocast, device: torch.device) -> float:
-    """Mean loss over a fixed list of validation micro-batches, averaged over ranks."""
+def evaluate(model, batches, autocast, device: torch.device, tp_mesh=None) -> float:
+    """Mean loss over a fixed list of validation micro-batches, averaged over ranks (under tensor
+    parallelism each rank scores its 1/tp of the sequence, trainer.tensor_parallel.local_tokens)."""
     was_training = model.training
     model.eval()
     total = torch.zeros((), device=device)
     for batch in batches:
         with autocast:
             logits = model(batch["inputs"].to(device))
-        total += F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].to(device).flatten())
+        labels = batch["labels"].to(device)
+        if tp_mesh is not None:
+            from trainer.tensor_parallel import local_tokens
+
+            labels = local_tokens(labels, tp_mesh)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
     model.train(was_training)
     return all_reduce_mean(total / max(len(batches), 1)).item()
 

@@ -1,17 +1,25 @@
 """Process group, device mesh and the `parallelize` pass.
 
 Launch modes, all read from the environment torchrun (or srun + torchrun) sets:
-  single process   no RANK/WORLD_SIZE: world size 1, no process group
+  single process   no RANK/WORLD_SIZE: world size 1, no process group (or, with parallel.fsdp=on, a
+                   process group of one on an in-memory store, so the FSDP2 path runs without torchrun)
   torchrun         RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (c10d rendezvous)
+The mesh: world = dp_replicate x dp_shard x tp, tensor parallelism innermost (the tp ranks of a group
+are consecutive, so they share a node and its NVLink). Data-parallel rank and size count the
+(dp_replicate, dp_shard) position only: the tp ranks of one group read the same batch.
 Backend: NCCL on CUDA, gloo on CPU. Joining the group and every collective after it are bounded
 by parallel.collective_timeout_s; a heartbeat thread names a stalled or dead rank within the same
 time (trainer/heartbeat.py).
 
 `parallelize` applies, in this order (torchtitan's order; each step needs the one before):
   1. precision conversion (nn.Linear -> QuantLinear by name; done by the caller, see loop.py)
-  2. activation checkpointing per block (full, or only blocks of given symbols)
-  3. torch.compile per block (`module.compile()` keeps parameter names; trainer/compile.py)
-  4. FSDP2 `fully_shard` per block, then the root; HSDP when dp_replicate > 1
+  2. tensor parallelism when parallel.tp > 1 (trainer/tensor_parallel.py: DTensor parameters on the tp
+     mesh, sequence parallelism between the mixers)
+  3. activation checkpointing per block (full, or only blocks of given symbols)
+  4. torch.compile per block (`module.compile()` keeps parameter names; trainer/compile.py)
+  5. FSDP2 `fully_shard` per block, then the root, over the data-parallel mesh; HSDP when
+     dp_replicate > 1. parallel.reshard decides whether a block's gathered parameters are freed
+     after each micro-batch's forward and backward or kept over the step (`set_fsdp_micro_step`)
 """
 
 from __future__ import annotations
@@ -38,13 +46,16 @@ _heartbeat = None  # this process's Heartbeat while it is in a process group of 
 
 @dataclass
 class DistEnv:
-    """Where this process sits: rank, world size, device, and the data-parallel mesh."""
+    """Where this process sits: rank, world size, device, and the mesh."""
 
     rank: int
     local_rank: int
     world_size: int
     device: torch.device
-    mesh: Optional[object] = None  # DeviceMesh over data-parallel ranks, None at world size 1
+    mesh: Optional[object] = None
+    """DeviceMesh named ('dp_replicate'?, 'dp_shard', 'tp'?) (a dim of size 1 left out); None without a process group."""
+    tp: int = 1
+    """Tensor-parallel degree (parallel.tp)."""
 
     @property
     def is_main(self) -> bool:
@@ -53,6 +64,31 @@ class DistEnv:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: world size / tp (each reads its own share of the batch)."""
+        return self.world_size // self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's data-parallel index (tp innermost: ranks r and r+1 of a tp=2 group share it)."""
+        return self.rank // self.tp
+
+    def submesh(self, *names: str):
+        """The mesh over the named dims that exist (None when none does)."""
+        if self.mesh is None:
+            return None
+        present = tuple(name for name in names if name in (self.mesh.mesh_dim_names or ()))
+        return self.mesh[present] if present else None
+
+    @property
+    def tp_mesh(self):
+        return self.submesh("tp")
+
+    @property
+    def dp_mesh(self):
+        return self.submesh("dp_replicate", "dp_shard")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -83,17 +119,22 @@ def init_distributed(cfg: ParallelConfig) -> DistEnv:
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    env = DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
-    if world_size == 1 and "RANK" not in os.environ:
+    env = DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, tp=cfg.tp)
+    launched = "RANK" in os.environ
+    if world_size == 1 and not launched and not fsdp_enabled(cfg, env):
         return env  # a plain `python -m trainer`: no process group (torchrun at 1 rank gets one)
     global _timeout_s, _heartbeat
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         _timeout_s = cfg.collective_timeout_s
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=cfg.collective_timeout_s))
-        _heartbeat = Heartbeat.from_environment(rank, world_size, cfg.collective_timeout_s)
-        if _heartbeat is not None:
-            _heartbeat.start()
+        timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
+        if launched:
+            dist.init_process_group(backend=backend, timeout=timeout)
+            _heartbeat = Heartbeat.from_environment(rank, world_size, cfg.collective_timeout_s)
+            if _heartbeat is not None:
+                _heartbeat.start()
+        else:  # parallel.fsdp=on in one plain process: a group of one needs no rendezvous
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     env.mesh = build_mesh(cfg, world_size, device.type)
     return env
 
@@ -103,26 +144,37 @@ def process_group_timeout_s() -> float:
     return _timeout_s
 
 
-def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str):
-    """1-D mesh ('dp_shard',) for FSDP, or 2-D ('dp_replicate', 'dp_shard') for HSDP."""
-    from torch.distributed.device_mesh import init_device_mesh
-
+def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int, int]:
+    """(dp_replicate, dp_shard, tp) for this world size, or ValueError naming the fields."""
+    tp = cfg.tp
+    if tp < 1 or world_size % tp:
+        raise ValueError(f"parallel.tp ({tp}) must divide the world size ({world_size})")
+    dp = world_size // tp
     if cfg.dp_replicate > 0:
         replicate = cfg.dp_replicate
-        shard = cfg.dp_shard if cfg.dp_shard > 0 else world_size // replicate
+        shard = cfg.dp_shard if cfg.dp_shard > 0 else dp // replicate
     elif cfg.dp_shard > 0:  # dp_replicate=-1: as many replicas as the shard size allows
-        shard = min(cfg.dp_shard, world_size)
-        replicate = world_size // shard
+        shard = min(cfg.dp_shard, dp)
+        replicate = dp // shard
     else:
         raise ValueError("parallel.dp_replicate=-1 needs a positive parallel.dp_shard (e.g. GPUs per node)")
-    if replicate * shard != world_size:
+    if replicate * shard * tp != world_size:
         raise ValueError(
-            f"parallel.dp_replicate ({replicate}) x parallel.dp_shard ({shard}) must equal the "
-            f"world size ({world_size})"
+            f"parallel.dp_replicate ({replicate}) x parallel.dp_shard ({shard}) x parallel.tp ({tp}) must equal "
+            f"the world size ({world_size})"
         )
-    if replicate == 1:
-        return init_device_mesh(device_type, (shard,), mesh_dim_names=("dp_shard",))
-    return init_device_mesh(device_type, (replicate, shard), mesh_dim_names=("dp_replicate", "dp_shard"))
+    return replicate, shard, tp
+
+
+def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str):
+    """The DeviceMesh ('dp_replicate', 'dp_shard', 'tp'), leaving out dp_replicate and tp where they are 1."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    replicate, shard, tp = mesh_shape(cfg, world_size)
+    dims = [(name, size) for name, size in (("dp_replicate", replicate), ("dp_shard", shard), ("tp", tp))
+            if size > 1 or name == "dp_shard"]
+    return init_device_mesh(device_type, tuple(size for _, size in dims),
+                            mesh_dim_names=tuple(name for name, _ in dims))
 
 
 def fsdp_enabled(cfg: ParallelConfig, env: DistEnv) -> bool:
@@ -162,28 +214,44 @@ def apply_activation_checkpointing(model: nn.Module, which: str) -> int:
 
 
 def apply_fsdp(model: nn.Module, env: DistEnv, cfg: ParallelConfig, param_dtype: torch.dtype) -> None:
-    """FSDP2: shard each block, then the root (embeddings, final norm, LM head)."""
+    """FSDP2 over the data-parallel mesh: shard each block, then the root (embeddings, final norm, LM head).
+
+    parallel.reshard='per_micro_batch' frees a block's gathered parameters after its forward (all but the
+    last block, needed first in backward) and after its backward; 'per_step' keeps every block gathered
+    from the step's first forward to its last backward (`set_fsdp_micro_step` says when to free them).
+    """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = env.mesh
-    if mesh is None:  # parallel.fsdp=on at world size 1 (to test the FSDP path on one GPU)
-        from torch.distributed.device_mesh import init_device_mesh
-
-        if not dist.is_initialized():
-            raise RuntimeError("FSDP at world size 1 needs a process group: launch with torchrun --nproc-per-node 1")
-        mesh = init_device_mesh(env.device.type, (1,), mesh_dim_names=("dp_shard",))
-        env.mesh = mesh
+    if env.mesh is None:
+        raise RuntimeError("FSDP needs a process group; trainer.distributed.init_distributed makes one")
+    mesh = env.dp_mesh
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=resolve_dtype(cfg.reduce_dtype, env.device))
     blocks = list(model.layers)
     for index, block in enumerate(blocks):
-        # The last block's parameters are needed first in backward: keep them gathered.
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < len(blocks) - 1)
+        keep = cfg.reshard == "per_step" or index == len(blocks) - 1
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
+def set_fsdp_micro_step(model: nn.Module, cfg: ParallelConfig, micro_step: int, accumulation: int) -> None:
+    """Before micro-batch ``micro_step`` of ``accumulation``: whether its backward reduces gradients and frees
+    the gathered parameters (always in the last micro-batch; in every one under the 'per_micro_batch'
+    policies). A no-op without FSDP."""
+    if not hasattr(model, "set_requires_gradient_sync"):
+        return
+    last = micro_step == accumulation - 1
+    model.set_requires_gradient_sync(last or cfg.grad_reduce == "per_micro_batch")
+    model.set_reshard_after_backward(last or cfg.reshard == "per_micro_batch")
+
+
 def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> dict:
-    """Activation checkpointing, compile, FSDP2 in that order. Returns what was applied."""
+    """Tensor parallelism, activation checkpointing, compile, FSDP2 in that order. Returns what was applied."""
     param_dtype = resolve_dtype(cfg.param_dtype, env.device)
+    tensor_parallel = {}
+    if env.tp > 1:
+        from trainer.tensor_parallel import apply_tensor_parallel
+
+        tensor_parallel = apply_tensor_parallel(model, env.tp_mesh)
     checkpointed = apply_activation_checkpointing(model, cfg.activation_checkpoint)
     if cfg.compile:
         apply_compile(model)
@@ -192,6 +260,10 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> dict:
         apply_fsdp(model, env, cfg, param_dtype)
     return {
         "fsdp": use_fsdp,
+        "tp": env.tp,
+        "tensor_parallel": tensor_parallel,
+        "reshard": cfg.reshard if use_fsdp else None,
+        "grad_reduce": cfg.grad_reduce if use_fsdp else None,
         "param_dtype": str(param_dtype).replace("torch.", ""),
         "activation_checkpointed_blocks": checkpointed,
         "compiled": cfg.compile,

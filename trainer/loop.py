@@ -32,6 +32,7 @@ from trainer.callbacks import (
     call,
 )
 from trainer.checkpoint.checkpointer import Checkpointer
+from trainer.checkpoint.probe import expected_checkpoint_bytes, probe_checkpoint_directory
 from trainer.checkpoint.layout import read_trainer_state
 from trainer.checkpoint.resume_changes import check_steps_left, resume_events, start_record_names
 from trainer.components import (
@@ -42,7 +43,7 @@ from trainer.components import (
     StepLog,
     evaluate,
 )
-from trainer.config import TrainConfig
+from trainer.config import ParallelConfig, TrainConfig
 from trainer.cuda_graph import GraphedMicroStep, check_cuda_graph_supported
 from trainer.distributed import (
     DistEnv,
@@ -50,6 +51,7 @@ from trainer.distributed import (
     broadcast_object,
     init_distributed,
     parallelize,
+    set_fsdp_micro_step,
     shutdown,
 )
 from trainer.guards import OOM_ADVICE, NonFiniteHalt, PreemptionFlag, StepGuard, stop_after_failure
@@ -68,21 +70,31 @@ from trainer.validate import ConfigError, check_data_requirement, validate_train
 __all__ = ["Callback", "StepContext", "TrainState", "build_model_on", "evaluate", "train", "train_step"]
 
 
-def train(cfg: TrainConfig, callbacks: Sequence[Callback] = ()) -> dict:
-    """Run training as configured. Returns a summary (final step, losses, run dir, ...)."""
+def train(cfg: TrainConfig, callbacks: Sequence[Callback] = (), *, auto_named_run_dir: bool = False,
+          run_files: dict | None = None) -> dict:
+    """Run training as configured. Returns a summary (final step, losses, run dir, ...).
+
+    auto_named_run_dir: the entry point named cfg.run_dir (outputs/<date>/<time>): it must hold no earlier
+    run, else the next free name is used (trainer/run_lock.py). run_files: {relative path: text} rank 0
+    writes into the run directory with its description (the entry point's .hydra/ files)."""
     validate_train_config(cfg)  # every field in range before any process group, data or model
     check_export_directory_at_start(cfg)  # not after hours of training
     run_plan = preflight(cfg)  # planned for the devices seen: a run that cannot fit stops here
     check_data_requirement(cfg)
     env = init_distributed(cfg.parallel)
     try:
-        with hold_run_directory(cfg.run_dir or DEFAULT_RUN_DIR, cfg.checkpoint.dir, env):  # one trainer per run
-            return _train(cfg, env, list(callbacks), run_plan)
+        with hold_run_directory(cfg.run_dir or DEFAULT_RUN_DIR, cfg.checkpoint.dir, env,  # one trainer per run
+                                auto_named=auto_named_run_dir) as held:
+            if held.renamed_from:
+                cfg = dataclasses.replace(cfg, run_dir=str(held.run_dir))
+            probe_checkpoint_directory(held.checkpoint_dir, env, expected_checkpoint_bytes(cfg.model),
+                                       cfg.checkpoint.keep)  # writable, with room: not found at the first save
+            return _train(cfg, env, list(callbacks), run_plan, run_files)
     finally:
         shutdown()
 
 
-def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_plan=None) -> dict:
+def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_plan=None, run_files=None) -> dict:
     from data import build_tokenizer, build_train_loader, build_validation_batches
     from models.flops import flops_per_token
     from models.quant.recipe import apply_precision
@@ -96,10 +108,10 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
     # ---- data and tokenizer first: a bad data config fails before any model is built
     tokenizer = build_tokenizer(cfg.data)
     accumulation, tokens_per_step = _batch_arithmetic(cfg, env, tokenizer.vocab_size)
-    loader = build_train_loader(cfg.data, micro_batch_size=cfg.train.micro_batch_size, dp_rank=env.rank,
-                                dp_world_size=env.world_size, seed=cfg.data.seed)
-    validation = (build_validation_batches(cfg.data, micro_batch_size=cfg.train.micro_batch_size, dp_rank=env.rank,
-                                           dp_world_size=env.world_size)[: cfg.train.eval_batches]
+    loader = build_train_loader(cfg.data, micro_batch_size=cfg.train.micro_batch_size, dp_rank=env.dp_rank,
+                                dp_world_size=env.dp_size, seed=cfg.data.seed)
+    validation = (build_validation_batches(cfg.data, micro_batch_size=cfg.train.micro_batch_size, dp_rank=env.dp_rank,
+                                           dp_world_size=env.dp_size)[: cfg.train.eval_batches]
                   if cfg.train.eval_every > 0 else [])
 
     # ---- model: meta -> device -> init -> precision -> AC -> compile -> FSDP2
@@ -137,8 +149,9 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
 
     logger = MetricsLogger(cfg, run_dir, env.is_main, cfg.train.steps, start_step=state.step)
     _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer, resume_from, saved, state,
-              accumulation=accumulation, tokens_per_step=tokens_per_step, run_plan=run_plan)
-    step_log = StepLog(logger, Evaluator(model, validation, cfg.train.eval_every, autocast, env.device),
+              accumulation=accumulation, tokens_per_step=tokens_per_step, run_plan=run_plan, run_files=run_files)
+    step_log = StepLog(logger, Evaluator(model, validation, cfg.train.eval_every, autocast, env.device,
+                                             env.tp_mesh),
                        cfg.logging.log_every, env.device, env.world_size,
                        flops_per_token(cfg.model, cfg.data.seq_len),
                        bf16_peak_flops(env.device) if env.device.type == "cuda" else None, window=log_window)
@@ -161,7 +174,7 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
                 loss, grad_norm = train_step(model, optimizer, loader, accumulation, autocast, env.device,
                                              cfg.optim.grad_clip, lambda: call(callbacks, "on_after_backward", ctx),
                                              lambda micro: call(callbacks, "on_micro_step_start", ctx, micro),
-                                             run_micro_step)
+                                             run_micro_step, cfg.parallel, env.tp_mesh)
             except torch.OutOfMemoryError as error:
                 raise RuntimeError(f"step {state.step}: {OOM_ADVICE}") from error
 
@@ -236,12 +249,12 @@ def _batch_arithmetic(cfg: TrainConfig, env: DistEnv, vocab_size: int):
             f"({vocab_size}); raise model.vocab_size or pick another data.tokenizer"
         )
     micro, global_batch = cfg.train.micro_batch_size, cfg.train.global_batch_size
-    if global_batch % (micro * env.world_size):
+    if global_batch % (micro * env.dp_size):  # the start-up stage adjusted or refused it already
         raise ConfigError(
             f"train.global_batch_size ({global_batch}) must be a multiple of train.micro_batch_size ({micro}) "
-            f"x data-parallel ranks ({env.world_size})"
+            f"x data-parallel ranks ({env.dp_size})"
         )
-    return global_batch // (micro * env.world_size), global_batch * cfg.data.seq_len
+    return global_batch // (micro * env.dp_size), global_batch * cfg.data.seq_len
 
 
 def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer, resume_from, saved, state,
@@ -254,7 +267,8 @@ def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer,
     (run_dir / "precision_plan.txt").write_text(plan_text + "\n")
     run_plan = config_extra["run_plan"].as_dict() if config_extra["run_plan"] is not None else None
     write_run_description(cfg, run_dir, world_size=env.world_size, device=env.device, tokenizer=tokenizer.record,
-                          plan=run_plan, names=start_record_names(run_dir, state.step))  # each start's own
+                          plan=run_plan, names=start_record_names(run_dir, state.step),  # each start's own
+                          extra_files=config_extra["run_files"])
     logger.log_config_extra({"precision_plan": plan.summary(), "parallel_applied": applied, "run_plan": run_plan,
                              "gradient_accumulation": config_extra["accumulation"],
                              "tokens_per_step": config_extra["tokens_per_step"]})
@@ -327,42 +341,57 @@ def _graphed_micro_step(cfg: TrainConfig, env: DistEnv, plan, model, autocast, a
     return run_micro_step
 
 
-def forward_backward(model, batch, autocast, device: torch.device, accumulation: int = 1) -> torch.Tensor:
+def forward_backward(model, batch, autocast, device: torch.device, accumulation: int = 1, tp_mesh=None) -> torch.Tensor:
     """One micro-batch: forward, the fp32 loss divided by ``accumulation``, backward; the loss, detached.
 
     batch: "inputs" and "labels", [B, T] token ids. No host sync (the benchmark times this alone).
+    Under tensor parallelism (``tp_mesh``) the model returns the logits of this rank's 1/tp of the
+    sequence: the loss is that share's mean (the mean over all ranks is the batch's), and backward
+    runs on it divided by tp, so that the tp ranks' gradients sum to the whole batch's.
     """
     inputs = batch["inputs"].to(device, non_blocking=True)
     labels = batch["labels"].to(device, non_blocking=True)
     with autocast:
         logits = model(inputs)
+    if tp_mesh is not None:
+        from trainer.tensor_parallel import local_tokens
+
+        labels = local_tokens(labels, tp_mesh)
     # [B, T, V] -> [B*T, V]; the loss in fp32 whatever the compute dtype
     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / accumulation
-    loss.backward()
+    (loss if tp_mesh is None else loss / tp_mesh.size()).backward()
     return loss.detach()
 
 
 def train_step(model, optimizer, loader, accumulation: int, autocast, device: torch.device,
                grad_clip: float, after_backward: Callable[[], None],
                before_micro_step: Callable[[int], None] = lambda micro_step: None,
-               run_micro_step: Callable[[dict, int], torch.Tensor] | None = None):
+               run_micro_step: Callable[[dict, int], torch.Tensor] | None = None,
+               parallel: ParallelConfig | None = None, tp_mesh=None):
     """Forward and backward over `accumulation` micro-batches; returns (mean loss, global grad norm).
 
     ``before_micro_step(i)`` runs before micro-batch i's forward (the stochastic-rounding seeds).
     ``run_micro_step(batch, i)`` replaces `forward_backward` (parallel.cuda_graph replays it).
+    Under FSDP2, ``parallel`` says in which micro-batches gradients are reduce-scattered and gathered
+    parameters freed (parallel.grad_reduce, parallel.reshard; trainer.distributed.set_fsdp_micro_step);
+    under tensor parallelism (``tp_mesh``) the gradients of the parameters replicated over tp are summed
+    over it after the backward.
 
     The optimizer update is the caller's (it may be skipped). One host sync per step: the loss
     and the grad norm are read together to decide whether the update is applied.
     """
-    set_sync = getattr(model, "set_requires_gradient_sync", None)  # present under FSDP2
+    parallel = parallel or ParallelConfig()
     loss_sum = torch.zeros((), device=device)
     for micro_step in range(accumulation):
-        if set_sync is not None:
-            set_sync(micro_step == accumulation - 1)  # reduce-scatter gradients once, at the end
+        set_fsdp_micro_step(model, parallel, micro_step, accumulation)
         before_micro_step(micro_step)
         batch = next(loader)
-        loss_sum += (forward_backward(model, batch, autocast, device, accumulation) if run_micro_step is None
+        loss_sum += (forward_backward(model, batch, autocast, device, accumulation, tp_mesh) if run_micro_step is None
                      else run_micro_step(batch, micro_step))
+    if tp_mesh is not None:
+        from trainer.tensor_parallel import reduce_tp_replicated_grads
+
+        reduce_tp_replicated_grads(model)
     after_backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"),
                                                foreach=device.type == "cuda")

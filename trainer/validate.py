@@ -67,6 +67,9 @@ def _validate_loop(cfg: TrainConfig) -> None:
             f"train.global_batch_size ({train.global_batch_size}) must be a multiple of "
             f"train.micro_batch_size ({train.micro_batch_size})"
         )
+    _require(train.batch_policy in ("nearest", "exact"), "train.batch_policy", train.batch_policy, "'nearest' or 'exact'")
+    _require(_finite(train.batch_tolerance) and 0 <= train.batch_tolerance < 1, "train.batch_tolerance",
+             train.batch_tolerance, "a fraction in [0, 1)")
     _require(_finite(train.spike_factor) and train.spike_factor > 1.0, "train.spike_factor", train.spike_factor,
              "a finite number > 1 (a spike is a loss this many times its running mean)")
     if train.preflight_memory_gib is not None:
@@ -128,12 +131,48 @@ def _validate_parallel(cfg: TrainConfig) -> None:
              parallel.dp_shard, "a positive integer or -1 (all ranks)")
     _require(_is_int(parallel.dp_replicate) and (parallel.dp_replicate >= 1 or parallel.dp_replicate == -1),
              "parallel.dp_replicate", parallel.dp_replicate, "a positive integer or -1")
+    _require(isinstance(parallel.auto, bool), "parallel.auto", parallel.auto, "true or false")
+    _require(_is_int(parallel.tp) and parallel.tp >= 1, "parallel.tp", parallel.tp, "a positive integer (1: no tensor parallelism)")
+    _require(parallel.reshard in ("per_micro_batch", "per_step"), "parallel.reshard", parallel.reshard,
+             "'per_micro_batch' or 'per_step'")
+    _require(parallel.grad_reduce in ("per_step", "per_micro_batch"), "parallel.grad_reduce", parallel.grad_reduce,
+             "'per_step' or 'per_micro_batch'")
+    if parallel.tp > 1:
+        problem = tensor_parallel_problem(cfg.model, parallel.tp, cfg.data.seq_len)
+        if problem:
+            raise ConfigError(f"parallel.tp={parallel.tp}: {problem}")
+        _require(parallel.fsdp != "off", "parallel.fsdp", parallel.fsdp, "'auto' or 'on' with parallel.tp > 1")
+        _require(not parallel.cuda_graph, "parallel.cuda_graph", parallel.cuda_graph, "false with parallel.tp > 1")
     if parallel.cuda_graph:  # the rest (world size, backend) is checked once they are known
         _require(parallel.device != "cpu", "parallel.device", parallel.device, "'auto' or 'cuda' with parallel.cuda_graph")
         _require(parallel.fsdp != "on", "parallel.fsdp", parallel.fsdp,
                  "'auto' (one process) or 'off' with parallel.cuda_graph (collectives are not recorded)")
         _require(parallel.activation_checkpoint == "none", "parallel.activation_checkpoint",
                  parallel.activation_checkpoint, "'none' with parallel.cuda_graph (not tested together)")
+
+
+def tensor_parallel_problem(model, tp: int, seq_len: int) -> str:
+    """Why ``model`` cannot be split over ``tp`` ranks ('' when it can).
+
+    Every sharded dimension divides evenly: attention heads and KV heads, the MLP's hidden width, Mamba-2
+    groups (and so its heads), and the sequence (sequence parallelism splits the tokens of the norms and
+    residual). That each rank's share of a quantized linear keeps whole quantization blocks is checked
+    by the tensor-parallel pass, which knows the precision plan.
+    """
+    symbols = set(model.pattern)
+    checks = [("data.seq_len", seq_len)]
+    if "*" in symbols:
+        checks += [("model.num_attention_heads", model.num_attention_heads),
+                   ("model.num_key_value_heads", model.num_key_value_heads)]
+    if "-" in symbols:
+        checks.append(("model.ffn_hidden_size", model.ffn_hidden_size))
+    if "M" in symbols:
+        checks += [("model.mamba_num_groups", model.mamba_num_groups),
+                   ("model.mamba_num_heads", model.mamba_num_heads)]
+    for field, value in checks:
+        if value % tp:
+            return f"{field} ({value}) is not divisible by the tensor-parallel degree"
+    return ""
 
 
 def _validate_components(cfg: TrainConfig) -> None:

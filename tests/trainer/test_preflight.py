@@ -58,7 +58,7 @@ def test_the_plan_is_in_run_info_and_the_run_checks_it(tmp_path, data_cache):
 
 def test_paper_experiments_refuse_the_builtin_corpus(tmp_path, data_cache, monkeypatch):
     cfg = compose_train_config(["+experiment=nvfp4_12b", *tiny_overrides(data_cache),
-                                "parallel=auto", "parallel.compile=false", "precision.keep_indivisible_in_bf16=true",
+                                "parallel=data_parallel", "parallel.compile=false", "precision.keep_indivisible_in_bf16=true",
                                 "data.seq_len=64"], tmp_path / "run")
     monkeypatch.setattr(trainer.loop, "init_distributed", _must_not_start)
     with pytest.raises(ConfigError, match="data.prepared_dir is not set: experiment 'test' trains on a corpus of "
