@@ -1,6 +1,6 @@
-"""Reports for people: the GEMM report over the cost model of trainer.planning.gemm_costs (gemm_report), loss-curve
-comparisons of runs (compare_runs) and the precision study (study: run it, tabulate and plot it).
+"""Reports for people: the GEMM report over the cost model of trainer.planning.gemm_costs (gemm_report) and
+loss-curve comparisons of runs (compare_runs). The precision study (run it, tabulate and plot it) is its own
+package, study/.
 
-Library code only: scripts/gemm_report.py, compare_runs.py, run_study.py and study_report.py
-are their command lines and printing.
+Library code only: scripts/gemm_report.py and compare_runs.py are their command lines and printing.
 """

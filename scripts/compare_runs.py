@@ -9,7 +9,7 @@
 
 A RUN with commas is a group of run directories, one per seed: every RUN must then be a group of
 the same size, paired by position (the same seed order), and the comparison is the study report's
-(reports/study.py: gaps to the first group on the final and last-30% validation loss with 95% t
+(study/report.py: gaps to the first group on the final and last-30% validation loss with 95% t
 intervals, the growth of the gap in the decay phase, the figure with CI bands).
 
 What a RUN may be, the method (smoothing, alignment, phases, noise band) and the numbers:
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from reports.compare_runs import compare_runs
-from reports.study import compare_seed_groups
+from study.report import compare_seed_groups
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

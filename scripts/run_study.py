@@ -4,13 +4,13 @@
     python scripts/run_study.py --study results/study/study.yaml --only '9m/*/seed1' --parallel 4 --deadline 540
     python scripts/run_study.py --study results/study/study.yaml --only 9m/nvfp4/seed0 --set train.steps=60 --force
     python scripts/run_study.py --study results/study/study.yaml --list
-    python scripts/run_study.py --study results/study/study.yaml --only '48m/*' --plan H100   # time and memory, planned
+    python scripts/run_study.py --study results/study/study.yaml --only '32m/*' --plan H100 --parallel 1 --deadline 540
 
-The study file's format: reports/study_definition.py. Results go beside it, one folder per run
+The study file's format: study/definition.py. Results go beside it, one folder per run
 (<size>/<arm>/seed<k>/: metrics.jsonl, events.jsonl, precision_plan.txt, config.yaml, train.log,
 run.json with the source commit and the corpus hash, metrics.superseded.jsonl if steps were trained again). A completed run is not run again unless
 --force; a run stopped at --deadline checkpoints, and the same command with the same --work resumes
-it. What the runner does: reports/study_runner.py.
+it. What the runner does: study/runner.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from reports.study_definition import load_study
-from reports.study_runner import completed, run_study
+from study.definition import load_study
+from study.runner import completed, run_study
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the selected runs and whether each is done")
     parser.add_argument("--plan", metavar="GPU", default=None,
                         help="print each selected run not yet completed with its planned step time, time alone on one "
-                             "GPU of this kind (trainer/hardware.py) and memory, and how many fit side by side "
-                             "(reports/study_plan.py); runs nothing")
+                             "GPU of this kind (trainer/hardware.py) and memory, how many fit side by side, and its "
+                             "calls and wall time packed --parallel side by side in calls of --deadline seconds "
+                             "(study/plan.py); runs nothing")
     parser.add_argument("--parallel", type=int, default=4, help="runs side by side on the GPU")
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds from this command's start (corpus preparation included): start no run that would not finish by then (guessed from finished runs), "
@@ -53,14 +54,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{done}  {run.id:32s} python -m trainer {' '.join(run.trainer_arguments())}")
         return 0
     if arguments.plan:
-        from reports.study_plan import plan_study_runs, render_plan
+        from study.plan import plan_study_runs, render_plan
 
         todo = [run for run in runs if not completed(study.results / run.id)]
         try:
             planned, side_by_side = plan_study_runs(todo, arguments.plan)
         except ValueError as error:
             raise SystemExit(str(error)) from None
-        print(render_plan(planned, side_by_side, arguments.plan.upper()))
+        print(render_plan(planned, side_by_side, arguments.plan.upper(), arguments.parallel, arguments.deadline))
         return 0
     return run_study(study, runs, work=arguments.work, prepared_dir=arguments.prepared_dir,
                      parallel=arguments.parallel, deadline_s=arguments.deadline, extra=arguments.set,

@@ -5,7 +5,7 @@
     python scripts/study_report.py --study my_study.yaml --doc my_study.md --images my_images
 
 Reads the study file and every completed run under its folder (<size>/<arm>/seed<k>/). What each
-column is: reports/study.py and reports/study_stats.py. The doc's tables live between
+column is: study/report.py and study/stats.py. The doc's tables live between
 `<!-- study-NAME:begin -->` / `<!-- study-NAME:end -->` markers (NAME: `<size>-arms`,
 `<size>-differences`, `sizes`).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reports.study import ROOT, STUDY_FILE, study_report, write_doc
+from study.report import ROOT, STUDY_FILE, study_report, write_doc
 
 
 def main(argv: list[str] | None = None) -> dict:

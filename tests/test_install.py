@@ -113,7 +113,7 @@ def test_wheel_holds_the_configs_and_the_packages(source, tmp_path):
     assert shipped and shipped <= names, sorted(shipped - names)
     assert {"trainer/__main__.py", "data/__init__.py", "models/__init__.py", "models/quant/linear.py"} <= names
     assert {"data/sources/kind.py", "trainer/checkpoint/checkpointer.py", "trainer/hf/export.py",
-            "fileio/hashing.py"} <= names  # the subpackages too
+            "fileio/hashing.py", "study/runner.py", "reports/compare_runs.py"} <= names  # the subpackages too
     assert not any(name.startswith(("tests/", "scripts/", "docs/")) for name in names)
 
 

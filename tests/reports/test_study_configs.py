@@ -5,6 +5,7 @@ precision plan and nothing else."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,14 @@ import torch
 
 from models import build_model
 from models.quant.recipe import GEMMS, linear_spec, plan_layers
-from reports.study_definition import load_study
+from study.definition import load_study
 from trainer.config import TrainConfig, compose
 from trainer.validate import validate_train_config
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 STUDY = load_study(REPOSITORY / "results" / "study" / "study.yaml")
-SIZE = next(iter(STUDY.sizes))
+SIZE = "9m"
+"""The size every arm runs at (the others run bf16, nvfp4 and fp8)."""
 
 
 def compose_run(arm: str, seed: int = 0, size: str = SIZE) -> TrainConfig:
@@ -187,8 +189,11 @@ def test_late_switch_keeps_the_plan_and_switches_at_80_percent(configs, study_mo
 
 
 def test_the_size_axis_keeps_the_pattern_and_the_budget_rules():
-    """Every size: the study's block pattern, >= 10 tokens per parameter, <= 4 epochs of the corpus, every
-    linear dim a multiple of 128; the largest >= 4x the smallest; arms of one size differ only in precision."""
+    """Every size: the study's block pattern, 10 tokens per parameter (steps rounded up to a multiple of 20),
+    <= 4 epochs of the corpus, every linear dim a multiple of 128, FP8 and NVFP4 quantizing the same layers,
+    the learning rate 2e-3 x 256 / hidden (min_lr = lr / 100), warm-up 2% of the steps rounded up to 10,
+    evaluation every 5%; at least four sizes, the largest >= 8x the smallest; arms of one size differ only
+    in precision."""
     from models.flops import count_parameters
 
     import json
@@ -201,15 +206,27 @@ def test_the_size_axis_keeps_the_pattern_and_the_budget_rules():
         cfg = compose_run("bf16", size=size)
         assert cfg.model.pattern == compose_run("bf16").model.pattern
         parameters[size] = count_parameters(cfg.model)
-        tokens = cfg.train.steps * cfg.train.global_batch_size * cfg.data.seq_len
+        step_tokens = cfg.train.global_batch_size * cfg.data.seq_len
+        tokens = cfg.train.steps * step_tokens
+        assert cfg.train.steps == 20 * math.ceil(10 * parameters[size] / step_tokens / 20), size
         assert tokens >= 10 * parameters[size] and tokens <= 4 * corpus_tokens, size
+        assert cfg.optim.lr == pytest.approx(2e-3 * 256 / cfg.model.hidden_size, rel=1e-3), size
+        assert cfg.optim.min_lr == pytest.approx(cfg.optim.lr / 100, rel=1e-3), size
+        assert cfg.optim.warmup_steps == 10 * math.ceil(0.02 * cfg.train.steps / 10), size
+        assert cfg.train.eval_every * 20 == cfg.train.steps, size
         with torch.device("meta"):
             model = build_model(cfg.model)
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear):
                 assert module.in_features % 128 == 0 and module.out_features % 128 == 0, (size, name)
         arms = [run.arm for run in STUDY.runs() if run.size == size and run.seed == 0]
-        for arm in ("fp8", "nvfp4"):
-            if arm in arms:
-                assert without(compose_run(arm, size=size), "precision") == without(cfg, "precision")
-    assert max(parameters.values()) >= 4 * min(parameters.values())
+        assert {"bf16", "fp8", "nvfp4"} <= set(arms), size
+        fp8, nvfp4 = compose_run("fp8", size=size), compose_run("nvfp4", size=size)
+        for arm_cfg in (fp8, nvfp4):
+            assert without(arm_cfg, "precision") == without(cfg, "precision")
+        quantized = {name: {key[0] for key in operand_table(c, model)} for name, c in (("fp8", fp8), ("nvfp4", nvfp4))}
+        assert quantized["fp8"] == quantized["nvfp4"] and quantized["nvfp4"], size
+        blocks = len(model.layers)  # the first block and the last two stay BF16, as at every size
+        assert {int(layer.split(".")[1]) for layer in quantized["nvfp4"]} == set(range(1, blocks - 2)), size
+    assert len(parameters) >= 4 and max(parameters.values()) >= 8 * min(parameters.values())
+

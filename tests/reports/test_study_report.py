@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from reports.study import collect, sections, study_report, write_doc
-from reports.study_definition import load_study
+from study.report import collect, sections, study_report, write_doc
+from study.definition import load_study
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 STUDY_FILE = REPOSITORY / "results" / "study" / "study.yaml"
@@ -70,8 +70,12 @@ def test_the_gaps_agree_with_the_metrics_recomputed_independently():
             for printed, expected in zip(parse_interval(rows[arm][5]), scipy_interval(gaps)):
                 assert printed == pytest.approx(expected, abs=0.006), (size, arm)
             steps = max(runs[0])
-            late = [100 * (sum(v for k, v in runs[s].items() if k > 0.7 * steps) /
-                           sum(v for k, v in reference[s].items() if k > 0.7 * steps) - 1) for s in runs]
+            bound = steps * 7 // 10  # the last 30%: steps past 70%, the bound in integers (0.7 * 1400 < 980)
+            window = sorted(k for k in runs[0] if k > bound)
+            if size == "9m":
+                assert (steps, window) == (1400, list(range(1050, 1401, 70))), window  # six points
+            late = [100 * (sum(runs[s][k] for k in window) / len(window) /
+                           (sum(reference[s][k] for k in window) / len(window)) - 1) for s in runs]
             for printed, expected in zip(parse_interval(rows[arm][6]), scipy_interval(late)):
                 assert printed == pytest.approx(expected, abs=0.006), (size, arm)
 
@@ -86,6 +90,33 @@ def test_the_doc_states_a_claim_only_where_the_interval_excludes_zero():
             (_, low, high), (_, late_low, late_high) = parse_interval(cells[6]), parse_interval(cells[7])
             resolved = (low > 0 or high < 0) and (late_low > 0 or late_high < 0)
             assert (cells[8] in ("worse", "better")) == resolved, line
+
+
+def test_the_seeds_each_unresolved_effect_needs_recompute_from_the_metrics():
+    """docs/study.md's seeds table: for every unresolved difference, the sd of its paired values recomputed from
+    the JSONL, and the fewest seeds n with t_{0.975, n-1} * sd / sqrt(n) <= 0.2 points, searched here with
+    scipy's t quantile."""
+    import math
+
+    study = load_study(STUDY_FILE)
+    doc = DOC.read_text()
+    table = doc.split("<!-- study-9m-seeds:begin -->")[1].split("<!-- study-9m-seeds:end -->")[0]
+    rows = {(cells[0], cells[1]): cells[2:] for cells in
+            ([cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines()
+             if line.startswith("| ") and not line.startswith("| unresolved"))}
+    final = {arm: {seed: validation_points(study.results / "9m" / arm / f"seed{seed}") for seed in (0, 1, 2)}
+             for arm in ("bf16", "fp8", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht")}
+    last = {arm: {seed: points[max(points)] for seed, points in runs.items()} for arm, runs in final.items()}
+    effects = {"fp8 - bf16": [100 * (last["fp8"][s] / last["bf16"][s] - 1) for s in (0, 1, 2)]}
+    for arm in ("nvfp4_no_sr", "nvfp4_no_rht"):
+        effects[f"{arm} - nvfp4"] = [100 * (last[arm][s] - last["nvfp4"][s]) / last["bf16"][s] for s in (0, 1, 2)]
+    for label, values in effects.items():
+        sd = stats.tstd(values)
+        needed = next(n for n in range(2, 1000) if stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) <= 0.2)
+        seeds, printed_sd, now, printed_needed = rows[(label, "final val")]
+        assert seeds == "0, 1, 2" and float(printed_sd) == pytest.approx(sd, abs=0.006), label
+        assert int(printed_needed) == needed, label
+    assert ("nvfp4 - fp8", "final val") not in rows  # resolved: no row
 
 
 def test_write_doc_replaces_only_the_marked_blocks(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -116,10 +117,10 @@ def test_runs_side_by_side_stop_on_a_signal_and_resume(tmp_path):
 
 # ----------------------------------------------- the runner's bookkeeping, with stand-in trainer processes
 def _stand_in_runner(monkeypatch, tmp_path: Path, behaviour):
-    """reports.study_runner with `python -m trainer` replaced by `behaviour(run, attempt, beside) -> (log text,
+    """study.runner with `python -m trainer` replaced by `behaviour(run, attempt, beside) -> (log text,
     exit code)` run in a short child process; corpus and machine description stubbed. Returns the study."""
-    from reports import study_runner
-    from reports.study_definition import load_study
+    from study import runner as study_runner
+    from study.definition import load_study
 
     attempts: dict = {}
 
@@ -141,7 +142,7 @@ def _stand_in_runner(monkeypatch, tmp_path: Path, behaviour):
 
 
 def test_a_run_out_of_gpu_memory_beside_others_is_queued_again_with_fewer_side_by_side(monkeypatch, tmp_path):
-    from reports.study_runner import completed, run_study
+    from study.runner import completed, run_study
 
     def behaviour(run, attempt, beside):  # b runs out of memory while a is beside it, then fits alone
         if run.arm == "b" and attempt == 1:
@@ -158,10 +159,12 @@ def test_a_run_out_of_gpu_memory_beside_others_is_queued_again_with_fewer_side_b
     assert all(completed(study.results / run.id) for run in study.runs())
     record = json.loads((study.results / "t" / "b" / "seed0" / "run.json").read_text())
     assert record["calls"] == 2 and record["side_by_side_per_call"][0] == ["t/a/seed0"]
+    assert len(record["started_per_call"]) == 2  # one UTC start per call: the dates live in run.json, not in prose
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", date) for date in record["started_per_call"])
 
 
 def test_out_of_memory_alone_is_a_failure_and_other_failures_are_not_retried(monkeypatch, tmp_path):
-    from reports.study_runner import run_study
+    from study.runner import run_study
 
     def behaviour(run, attempt, beside):
         return ("torch.OutOfMemoryError: CUDA out of memory.", 1) if run.arm == "b" else ("KeyError: 'x'", 1)
@@ -176,7 +179,7 @@ def test_out_of_memory_alone_is_a_failure_and_other_failures_are_not_retried(mon
 
 
 def test_a_run_completed_in_the_work_folder_is_copied_back_not_trained_again(monkeypatch, tmp_path):
-    from reports.study_runner import run_study
+    from study.runner import run_study
 
     study, attempts = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
     work = tmp_path / "work"
@@ -197,7 +200,7 @@ def test_a_stopped_run_whose_work_folder_is_gone_continues_its_record(monkeypatc
     command copies the results' record into the new work folder before training again, so calls and
     sources accumulate and the earlier metrics are there for the trainer to move aside, not overwritten."""
     import shutil
-    from reports.study_runner import run_study
+    from study.runner import run_study
 
     def behaviour(run, attempt, beside):
         return ("preempted at step 5: checkpoint saved", 0) if attempt == 1 else ("done", 0)
@@ -222,7 +225,7 @@ def test_a_launch_killed_from_outside_is_counted_by_the_next(monkeypatch, tmp_pa
     """A runner killed with its run (the machine's time limit) leaves the run's launch mark, status "running";
     the next command counts that launch: a call more, its time to the last train.log write, killed_launches."""
     import time
-    from reports.study_runner import run_study
+    from study.runner import run_study
 
     study, attempts = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
     run_dir = tmp_path / "work" / "t" / "a" / "seed0"
@@ -238,6 +241,7 @@ def test_a_launch_killed_from_outside_is_counted_by_the_next(monkeypatch, tmp_pa
                      echo=said.append) == 0
     record = json.loads((study.results / "t" / "a" / "seed0" / "run.json").read_text())
     assert record["status"] == "completed" and record["calls"] == 2 and record["killed_launches"] == 1, said
+    assert len(record["started_per_call"]) == 2  # the killed launch's date too
     assert 120 <= record["wall_s"] < 150 and [s["commit"] for s in record["sources_per_call"]] == ["killed", "abc"]
     assert record["side_by_side_per_call"] == [["t/b/seed0"], []]
     assert not any(key.startswith("launch_") for key in record)
@@ -250,7 +254,7 @@ def test_a_runner_that_dies_leaves_its_launches_marked_and_the_next_command_coun
     """The runner dies (here: starting b raises) with a's launch under way: a's work run.json says "running";
     the next command counts that launch for a (and b's, marked before its start failed)."""
     import time
-    from reports import study_runner
+    from study import runner as study_runner
 
     study, attempts = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
     real_start = study_runner._start
@@ -277,8 +281,8 @@ def test_a_runner_that_dies_leaves_its_launches_marked_and_the_next_command_coun
 
 
 def test_force_keeps_a_killed_launch_s_checkpoint_and_record(tmp_path):
-    from reports.study_runner import _work_folder
-    from reports.study_definition import load_study
+    from study.runner import _work_folder
+    from study.definition import load_study
 
     study = load_study(study_file(tmp_path))
     run = study.runs()[0]
@@ -292,7 +296,7 @@ def test_force_keeps_a_killed_launch_s_checkpoint_and_record(tmp_path):
 
 
 def test_a_probe_s_record_is_not_continued_into_the_study_run(monkeypatch, tmp_path):
-    from reports.study_runner import continue_record_from_results
+    from study.runner import continue_record_from_results
 
     study, _ = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
     run = study.runs()[0]
@@ -308,7 +312,7 @@ def test_a_probe_s_record_is_not_continued_into_the_study_run(monkeypatch, tmp_p
 def test_an_earlier_launch_s_preempted_line_does_not_hide_a_failure(monkeypatch, tmp_path):
     """A launch stopped at the deadline ends train.log with "preempted at step"; the next launch dies writing
     nothing (say the kernel's OOM killer): that is a failure, read from this launch's part of the log."""
-    from reports.study_runner import run_study
+    from study.runner import run_study
 
     def behaviour(run, attempt, beside):
         return ("preempted at step 5: checkpoint saved", 0) if attempt == 1 else ("", -9)
@@ -327,7 +331,7 @@ def test_the_deadline_stops_the_runs_and_returns_with_runs_still_queued(monkeypa
     """One run at a time and a deadline inside the first: the runner stops it, leaves the second queued for
     the next command and returns (it once waited forever on the queue it would no longer start)."""
     import time
-    from reports import study_runner
+    from study import runner as study_runner
 
     study, attempts = _stand_in_runner(monkeypatch, tmp_path, lambda run, attempt, beside: ("done", 0))
     polls, sleep = [], time.sleep
@@ -349,7 +353,7 @@ def test_the_deadline_stops_the_runs_and_returns_with_runs_still_queued(monkeypa
 
 
 def test_only_the_last_launch_s_out_of_memory_error_counts(tmp_path):
-    from reports.study_runner import ran_out_of_gpu_memory
+    from study.runner import ran_out_of_gpu_memory
 
     log = tmp_path / "train.log"
     log.write_text("step 10\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB.\n")

@@ -1,4 +1,4 @@
-"""reports.study_stats and reports.study_definition: intervals against scipy, pairing by seed, the phases,
+"""study.stats and study.definition: intervals against scipy, pairing by seed, the phases,
 and the study file's expansion and errors."""
 
 from __future__ import annotations
@@ -9,13 +9,17 @@ import textwrap
 import pytest
 from scipy import stats
 
-from reports.study_definition import load_study
-from reports.study_stats import (
+from study.definition import load_study
+from study.stats import (
+    LATE_FRACTION,
     RunSummary,
+    after_fraction,
     decay_growth_interval,
     difference_interval,
     gap_curve,
     gap_interval,
+    seeds_for_half_width,
+    summarize_run,
     t_interval,
 )
 
@@ -37,7 +41,7 @@ def test_t_interval_matches_scipy_on_random_samples():
 def summary(losses: dict[int, float], steps: int = 100, decay_start: int = 80) -> RunSummary:
     validation = tuple((step, step * 10, loss) for step, loss in sorted(losses.items()))
     final = validation[-1][2]
-    late = [loss for step, _, loss in validation if step > 0.7 * steps]
+    late = [loss for step, _, loss in validation if 10 * step > 7 * steps]
     return RunSummary(steps=steps, tokens=steps * 10, parameters=1, final_val=final, late_val=sum(late) / len(late),
                       final_train=final, validation=validation, decay_start=decay_start)
 
@@ -116,3 +120,43 @@ def test_a_malformed_study_file_is_refused_naming_the_field(tmp_path, text, mess
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         load_study(path)
+
+
+def test_the_last_30_percent_window_is_counted_in_integers():
+    """The window holds the points at steps s with 10 s > 7 steps. In floating point 0.7 * 1400 is
+    979.9999999999999, so `step > 0.7 * steps` would put step 980 in it; the bound here is computed
+    independently of the float product, as the integer part of 7 * steps / 10."""
+    assert 0.7 * 1400 < 980 and 0.7 * 2880 < 2016  # the trap
+    for steps, every, first in ((1400, 70, 1050), (2880, 144, 2160), (460, 23, 345), (4840, 242, 3630)):
+        points = list(range(every, steps + 1, every))
+        bound = steps * 7 // 10  # the last step of the first 70%
+        window = [step for step in points if after_fraction(step, steps, LATE_FRACTION)]
+        assert window == [step for step in points if step > bound]
+        assert window[0] == first and window[-1] == steps and len(window) == 6, steps
+    assert not after_fraction(980, 1400, LATE_FRACTION) and after_fraction(981, 1400, LATE_FRACTION)
+
+
+def test_a_run_s_late_loss_averages_the_window_s_six_points(tmp_path):
+    """summarize_run on a 1400-step run evaluated every 70 steps: the late loss is the mean of the losses
+    at steps 1050-1400 (six points), not of 980-1400 (seven)."""
+    import json
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[2] / "results" / "study" / "9m" / "bf16" / "seed0" / "config.yaml"
+    (tmp_path / "config.yaml").write_text(committed.read_text())
+    lines = [{"step": step, "tokens": step * 65536, "loss": 2.0} for step in range(10, 1401, 10)]
+    for line in lines:
+        if line["step"] % 70 == 0:
+            line["val_loss"] = float(line["step"])  # the loss names its step
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = summarize_run(tmp_path)
+    assert run.steps == 1400 and run.decay_start == 1120
+    assert run.late_val == pytest.approx(sum(range(1050, 1401, 70)) / 6)
+
+
+def test_seeds_for_a_half_width_follow_the_t_quantile():
+    for sd, width in ((0.1, 0.2), (0.3, 0.2), (0.34, 0.2), (1.0, 0.1)):
+        n = seeds_for_half_width(sd, width)
+        assert stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) <= width
+        assert n == 2 or stats.t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1) > width
+    assert seeds_for_half_width(0.0, 0.2) == 2 and seeds_for_half_width(50.0, 0.01, most=100) is None

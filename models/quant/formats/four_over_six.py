@@ -40,7 +40,7 @@ from typing import Tuple
 import torch
 
 from models.quant.element_formats import E2M1_MAX
-from models.quant.formats import elements
+import models.quant.formats.elements as elements  # the sibling itself, not through the package's __init__
 from models.quant.formats.blocking import block_max, blocked_view
 from models.quant.formats.elements import fp32, round_e4m3
 from models.quant.formats.nvfp4 import block_reciprocal, nvfp4_global_scales

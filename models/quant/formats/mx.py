@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from models.quant.formats import elements
+import models.quant.formats.elements as elements  # the sibling itself, not through the package's __init__
 from models.quant.formats.blocking import block_amax, block_max, blocked_view
 from models.quant.formats.elements import round_e4m3
 from models.quant.formats.quantized_tensor import Encoded

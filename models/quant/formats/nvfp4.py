@@ -22,7 +22,7 @@ from typing import Tuple
 import torch
 
 from models.quant.element_formats import E2M1_MAX, E4M3_MAX, UE5M3_MAX
-from models.quant.formats import elements
+import models.quant.formats.elements as elements  # the sibling itself, not through the package's __init__
 from models.quant.formats.blocking import block_max, blocked_view
 from models.quant.formats.elements import FLT_MAX, fp32
 from models.quant.formats.quantized_tensor import Encoded

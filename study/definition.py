@@ -88,7 +88,7 @@ class Study:
     def select(self, patterns: Sequence[str] = ()) -> list[StudyRun]:
         """The runs whose id matches any of the shell-style patterns (all runs when none is given), in the
         patterns' order (the study file's within one pattern): the runner starts them in that order, so
-        `48m/nvfp4/seed0 '9m/*'` starts the long run first and the short ones fill in beside it."""
+        `19m/nvfp4/seed0 '3m/*'` starts the long run first and the short ones fill in beside it."""
         runs = self.runs()
         if not patterns:
             return runs

@@ -29,7 +29,9 @@ work folder while a launch is under way), the trainer command, exit code, wall t
 launch as "killed_launches" with their time up to their last log write), what ran
 beside it in each call, the median tokens/s, the GPU and versions, the source commit of each call
 (the STUDY_SOURCE_COMMIT / STUDY_SOURCE_DIRTY environment variables of a copied tree, else git's),
-and the prepared corpus's content hash and token counts.
+the start of each launch in UTC ("started_per_call"; records older than the field have fewer dates than
+calls, and the report reads their dates from events.jsonl), and the prepared corpus's content hash and
+token counts.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from reports.study_definition import Study, StudyRun
+from study.definition import Study, StudyRun
 from trainer.checkpoint.layout import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,6 +219,7 @@ class _Running:
         self.run, self.process, self.log = run, process, log
         self.log_offset = log_offset  # train.log's size before this launch: what earlier launches wrote
         self.started = time.perf_counter()
+        self.started_at = time.time()  # the launch's date, for run.json's started_per_call
         self.beside = set(beside)  # every run that shared the GPU with it in this call
         self.signalled = False  # SIGTERM sent at the deadline
 
@@ -362,11 +365,17 @@ def _mark_launch(run: StudyRun, run_dir: Path, beside: set[str], source: dict, e
         record.update(wall_s=round(record.get("wall_s", 0.0) + wall, 1), calls=record.get("calls", 0) + 1,
                       killed_launches=record.get("killed_launches", 0) + 1,
                       side_by_side_per_call=record.get("side_by_side_per_call", []) + [record["launch_beside"]],
-                      sources_per_call=record.get("sources_per_call", []) + [record["launch_source"]])
+                      sources_per_call=record.get("sources_per_call", []) + [record["launch_source"]],
+                      started_per_call=record.get("started_per_call", []) + [utc_date(record["launch_started"])])
         echo(f"{run.id}: its launch of {time.ctime(record['launch_started'])} ended with no record (killed "
              f"from outside): counted as a call of {wall:.0f} s, to its last write to train.log")
     record.update(status="running", launch_started=time.time(), launch_source=source, launch_beside=sorted(beside))
     _write_record(run_dir, record)
+
+
+def utc_date(seconds: float) -> str:
+    """A launch's start as run.json records it: ISO 8601 in UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def _write_record(run_dir: Path, record: dict) -> None:
@@ -408,6 +417,7 @@ def _collect(study: Study, entry: _Running, wall: float, results: Path, work: Pa
         "tokens_per_s_median": tokens_per_second(run_dir / "metrics.jsonl", skip_steps),
         "source": source,
         "sources_per_call": previous.get("sources_per_call", []) + [source],
+        "started_per_call": previous.get("started_per_call", []) + [utc_date(entry.started_at)],
         "corpus": corpus,
         "system": machine,
     }

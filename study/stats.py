@@ -3,26 +3,30 @@
 For a run (one arm, one size, one seed), from its metrics.jsonl:
 - final validation loss: the val_loss logged at the last step (the same fixed validation batches
   for every run of a study);
-- late validation loss: the mean of the val_loss points logged after 70% of the steps (the last
-  30% of training; 6 points for 1400 steps evaluated every 70);
-- final train loss: the mean logged training loss over the last 5% of steps.
+- late validation loss: the mean of the val_loss points of the last 30% of training, those at a step s
+  with 10 * s > 7 * steps (integers: no floating-point product decides the window; 0.7 * 1400 is
+  979.9999999999999). For 1400 steps evaluated every 70: steps 1050-1400, 6 points;
+- final train loss: the mean logged training loss over the last 5% of steps (20 * s > 19 * steps).
 
 Growth of a gap in the decay phase, paired by seed: the mean gap over the validation points of the
 learning-rate decay (after the WSD schedule's decay start) minus the mean gap over those of the
-stable phase (from 20% of the steps, past warm-up and the early plateau, up to the decay start).
+stable phase (5 * s > steps, past warm-up and the early plateau, up to the decay start).
 
 Gap of an arm to the reference, paired by seed s: g_s = 100 * (L_arm,s / L_ref,s - 1) in %, for the
 final and for the late validation loss. A difference between two arms a and b, paired by seed:
 d_s = g_a,s - g_b,s in percentage points (= 100 * (L_a,s - L_b,s) / L_ref,s). Both are summarized
 over the n seeds present in both by the mean and its 95% confidence interval,
 mean +- t_{0.975, n-1} * sd / sqrt(n) (Student's t, sd with n - 1 degrees of freedom; no interval
-for n < 2). An effect is "resolved" when its interval excludes zero.
+for n < 2). An effect is "resolved" when its interval excludes zero. At an observed spread sd, the
+seeds an interval of half-width w needs: the smallest n with t_{0.975, n-1} * sd / sqrt(n) <= w
+(`seeds_for_half_width`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -30,10 +34,17 @@ import yaml
 
 from reports.compare_runs import finite, keep_last_per_step, read_jsonl
 
-LATE_FRACTION = 0.7
-"""Validation points after this fraction of the steps make the late validation loss."""
-TRAIN_TAIL_FRACTION = 0.95
+LATE_FRACTION = Fraction(7, 10)
+"""Validation points after this fraction of the steps make the late validation loss (exact: a Fraction)."""
+TRAIN_TAIL_FRACTION = Fraction(19, 20)
 """Training-loss log lines after this fraction of the steps make the final train loss."""
+
+
+def after_fraction(step: int, steps: int, fraction: Fraction) -> bool:
+    """Whether ``step`` lies past ``fraction`` of ``steps``, in integers: step * denominator > steps * numerator.
+    (A float product would not do: 0.7 * 1400 == 979.9999999999999 puts step 980 in the last 30%.)"""
+    fraction = Fraction(str(fraction)) if isinstance(fraction, float) else Fraction(fraction)  # 0.7 -> 7/10
+    return int(step) * fraction.denominator > int(steps) * fraction.numerator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +72,20 @@ class Interval:
         if self.n < 2:
             return f"{self.mean:+.{digits}f}{unit} (n=1)"
         return f"{self.mean:+.{digits}f}{unit} [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+
+
+def seeds_for_half_width(sd: float, half_width: float, confidence: float = 0.95, most: int = 1000) -> Optional[int]:
+    """The fewest seeds n >= 2 whose t interval of the mean is at most +-``half_width`` at spread ``sd``:
+    t_{(1 + confidence) / 2, n - 1} * sd / sqrt(n) <= half_width (the sd taken as known; a new sample's
+    own sd varies around it). None if more than ``most`` would be needed."""
+    from scipy.stats import t as student_t
+
+    if not sd > 0:
+        return 2
+    for n in range(2, most + 1):
+        if float(student_t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n) <= half_width:
+            return n
+    return None
 
 
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
@@ -110,11 +135,14 @@ def summarize_run(directory: Path) -> RunSummary:
                        for r in records if finite(r.get("val_loss")))
     if not validation or validation[-1][0] != steps:
         raise ValueError(f"{directory}: no validation loss at the last step {steps}")
-    late = [loss for step, _, loss in validation if step > LATE_FRACTION * steps]
-    tail = [r["loss"] for r in records if r["step"] > TRAIN_TAIL_FRACTION * steps and finite(r.get("loss"))]
+    late = [loss for step, _, loss in validation if after_fraction(step, steps, LATE_FRACTION)]
+    tail = [r["loss"] for r in records if after_fraction(r["step"], steps, TRAIN_TAIL_FRACTION)
+            and finite(r.get("loss"))]
     optim = config.get("optim", {})
-    decay_start = (round(steps * (1 - float(optim.get("decay_fraction", 0.0))))
-                   if optim.get("schedule") == "wsd" else steps)
+    decay_fraction = float(optim.get("decay_fraction", 0.0))
+    # as trainer/optim.py counts the WSD decay: round(decay_fraction * steps) steps, at least one
+    decay_start = (steps - max(1, round(decay_fraction * steps))
+                   if optim.get("schedule") == "wsd" and decay_fraction > 0 else steps)
     return RunSummary(steps=steps, tokens=int(records[-1]["tokens"]), decay_start=decay_start,
                       parameters=count_parameters(ModelConfig(**config["model"])),
                       final_val=validation[-1][2], late_val=sum(late) / len(late),
@@ -145,7 +173,7 @@ def difference_interval(first: dict[int, RunSummary], second: dict[int, RunSumma
     return t_interval([a[s] - b[s] for s in seeds]) if seeds else None
 
 
-STABLE_FROM_FRACTION = 0.2
+STABLE_FROM_FRACTION = Fraction(1, 5)
 """The stable phase's validation points start after this fraction of the steps."""
 
 
@@ -158,7 +186,8 @@ def decay_growth_interval(arm: dict[int, RunSummary], reference: dict[int, RunSu
             return None  # no decay phase
         ref_loss = {step: loss for step, _, loss in ref.validation}
         gaps = [(step, 100 * (loss / ref_loss[step] - 1)) for step, _, loss in run.validation if step in ref_loss]
-        stable = [g for step, g in gaps if STABLE_FROM_FRACTION * run.steps < step <= run.decay_start]
+        stable = [g for step, g in gaps if after_fraction(step, run.steps, STABLE_FROM_FRACTION)
+                  and step <= run.decay_start]
         decay = [g for step, g in gaps if step > run.decay_start]
         if not stable or not decay:
             return None

@@ -1,6 +1,6 @@
 """A study's report from its committed results alone (no GPU): tables with 95% CIs, figures, the doc.
 
-Reads the study file (reports/study_definition.py) and every completed run under its folder
+Reads the study file (study/definition.py) and every completed run under its folder
 (<size>/<arm>/seed<k>/ with metrics.jsonl, config.yaml, run.json), then writes:
 - per size, the arms table: seeds, final validation loss (mean +- sd over seeds), and the gap to the
   reference paired by seed on the final and on the late (last 30%) validation loss, each with its
@@ -14,7 +14,7 @@ Reads the study file (reports/study_definition.py) and every completed run under
 - figures: per size and `figures` entry, validation loss (mean over seeds) and the paired gap in %
   with its 95% band, against tokens; across sizes, the final gap against parameters.
 
-The arithmetic: reports/study_stats.py. `write_doc` replaces the text between the
+The arithmetic: study/stats.py. `write_doc` replaces the text between the
 `<!-- study-NAME:begin -->` / `<!-- study-NAME:end -->` markers of a Markdown file.
 """
 
@@ -24,9 +24,9 @@ import dataclasses
 from pathlib import Path
 from typing import Optional
 
-from reports.study_definition import Study, load_study
-from reports.study_runner import run_record
-from reports.study_stats import (
+from study.definition import Study, load_study
+from study.runner import run_record
+from study.stats import (
     Interval,
     RunSummary,
     decay_growth_interval,
@@ -34,6 +34,7 @@ from reports.study_stats import (
     gap_curve,
     gap_interval,
     loss_curve,
+    seeds_for_half_width,
     summarize_run,
     t_interval,
 )
@@ -149,6 +150,44 @@ def phases_table(results: StudyResults, size: str) -> str:
     return "\n".join(lines)
 
 
+SEEDS_HALF_WIDTH = 0.2
+"""The half-width (percentage points) of the 95% interval the seeds table asks each unresolved effect for."""
+
+
+def seeds_table(results: StudyResults, size: str, half_width: float = SEEDS_HALF_WIDTH) -> str:
+    """Per unresolved effect (a gap to the reference, a difference, a decay-phase growth whose interval
+    includes zero): the sd of its paired values over the seeds at hand, and how many seeds would give a
+    95% interval of +-``half_width`` points at that spread (study.stats.seeds_for_half_width)."""
+    study, runs = results.study, results.summaries[size]
+    reference = runs.get(study.reference, {})
+    effects = []  # (label, seeds, {measure: interval})
+    for arm in results.arms(size):
+        if arm != study.reference and reference:
+            effects.append((f"{arm} - {study.reference}", sorted(set(runs[arm]) & set(reference)),
+                            {m: gap_interval(runs[arm], reference, m) for m in ("final", "late")}))
+    for first, second in study.comparisons:
+        if first in runs and second in runs and reference:
+            effects.append((f"{first} - {second}", sorted(set(runs[first]) & set(runs[second]) & set(reference)),
+                            {m: difference_interval(runs[first], runs[second], reference, m)
+                             for m in ("final", "late")}))
+    for arm in results.arms(size):
+        if arm != study.reference and reference:
+            effects.append((f"{arm}: gap growth in the decay phase", sorted(set(runs[arm]) & set(reference)),
+                            {"decay": decay_growth_interval(runs[arm], reference)}))
+    lines = ["| unresolved effect (percentage points) | measure | seeds | sd over seeds | 95% interval now | "
+             f"seeds for a +-{half_width:g}-point interval |", "|---|---|---|---|---|---|"]
+    names = {"final": "final val", "late": "last-30% val", "decay": "decay minus stable phase"}
+    for label, seeds, intervals in effects:
+        for measure, interval in intervals.items():
+            if interval is None or interval.n < 2 or interval.resolved:
+                continue
+            needed = seeds_for_half_width(interval.sd, half_width)
+            lines.append(f"| {label} | {names[measure]} | {', '.join(map(str, seeds))} | {interval.sd:.2f} | "
+                         f"{interval.mean:+.2f} +- {interval.high - interval.mean:.2f} | "
+                         f"{needed if needed else 'over 1000'} |")
+    return "\n".join(lines) if len(lines) > 2 else "Every effect at this size is resolved."
+
+
 def sizes_table(results: StudyResults, arms: tuple[str, ...] = ("fp8", "nvfp4")) -> str:
     study = results.study
     lines = ["| size | parameters | tokens | tokens per parameter | "
@@ -169,32 +208,68 @@ def sizes_table(results: StudyResults, arms: tuple[str, ...] = ("fp8", "nvfp4"))
 
 
 def provenance(results: StudyResults, size: str) -> str:
-    """Which commit(s) and corpus the runs of ``size`` trained on."""
-    commits: dict = {}
-    corpora: dict = {}
+    """Which code, corpus, GPU and dates the runs of ``size`` trained on, each with the runs it covers."""
+    groups: dict = {"code": {}, "corpus": {}, "GPU": {}, "dates": {}}
     for run_id, record in results.records.items():
         if not run_id.startswith(f"{size}/"):
             continue
-        arm = run_id.split("/")[1]
         for source in record.get("sources_per_call", [record.get("source", {})]):
-            label = (source.get("commit") or "unknown")[:10] + (" (dirty)" if source.get("dirty") else "")
-            commits.setdefault(label, set()).add(arm)
-        corpora.setdefault(_corpus_label(record.get("corpus") or {}), set()).add(arm)
-    code = "; ".join(f"`{commit}` ({', '.join(a for a in results.study.arms if a in arms)})"
-                     for commit, arms in commits.items())
-    corpus = "; ".join(f"{label} ({', '.join(a for a in results.study.arms if a in arms)})"
-                       for label, arms in corpora.items())
-    return f"Provenance: code {code}; corpus {corpus}."
+            label = f"`{(source.get('commit') or 'unknown')[:10]}`" + (" (dirty)" if source.get("dirty") else "")
+            groups["code"].setdefault(label, set()).add(run_id)
+        groups["corpus"].setdefault(_corpus_label(record.get("corpus") or {}), set()).add(run_id)
+        groups["GPU"].setdefault((record.get("system") or {}).get("gpu") or "unknown", set()).add(run_id)
+        for date in _run_dates(results.study.results / run_id, record):
+            groups["dates"].setdefault(date, set()).add(run_id)
+    parts = []
+    for name, labels in groups.items():
+        if name == "dates":  # one group per set of runs: "2026-12-04 (...)", "2026-12-06 (...)"
+            by_runs: dict = {}
+            for date, runs in sorted(labels.items()):
+                by_runs.setdefault(frozenset(runs), []).append(date)
+            labels = {" to ".join(sorted({dates[0], dates[-1]})): set(runs) for runs, dates in by_runs.items()}
+        parts.append(f"{name} " + "; ".join(f"{label} ({_runs_label(results.study, runs)})"
+                                            for label, runs in labels.items()))
+    return "Provenance: " + "; ".join(parts) + "."
+
+
+def _runs_label(study: Study, run_ids: set) -> str:
+    """'bf16, fp8, nvfp4_no_rht seeds 1, 2': an arm by its name when every one of its runs here is in
+    ``run_ids``, else with the seeds that are."""
+    by_arm: dict = {}
+    for run_id in run_ids:
+        size, arm, seed = run_id.split("/")
+        by_arm.setdefault(arm, set()).add(int(seed.removeprefix("seed")))
+    labels = []
+    for arm in (a for a in study.arms if a in by_arm):
+        seeds = sorted(by_arm[arm])
+        every = {run.seed for run in study.runs() if run.size == size and run.arm == arm}
+        labels.append(arm if set(seeds) >= every else
+                      f"{arm} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}")
+    return ", ".join(labels)
+
+
+def _run_dates(directory: Path, record: dict) -> list[str]:
+    """The UTC dates (YYYY-MM-DD) a run trained on: run.json's started_per_call, else its events.jsonl's times."""
+    import datetime
+    import json
+
+    if len(record.get("started_per_call", [])) == record.get("calls"):
+        return sorted({date[:10] for date in record["started_per_call"]})
+    events = Path(directory) / "events.jsonl"
+    times = [json.loads(line).get("time") for line in events.read_text().splitlines()] if events.is_file() else []
+    return sorted({datetime.datetime.fromtimestamp(time, datetime.timezone.utc).strftime("%Y-%m-%d")
+                   for time in times if isinstance(time, (int, float))})
 
 
 def _corpus_label(corpus: dict) -> str:
     """The content hash of the tokens (data.shards.content_sha256); older runs recorded only a hash of the
     manifest files, which includes the preparation time, so it tells apart preparations, not corpora."""
-    if corpus.get("content_sha256"):
-        return f"content sha256 `{corpus['content_sha256'][:16]}`"
     train = (corpus.get("tokens") or {}).get("train")
+    tokens = f", {train:,} training tokens" if train else ""
+    if corpus.get("content_sha256"):
+        return f"content sha256 `{corpus['content_sha256'][:16]}`{tokens}"
     if corpus.get("manifest_sha256"):
-        return f"manifest sha256 `{corpus['manifest_sha256'][:16]}`" + (f", {train:,} training tokens" if train else "")
+        return f"no content hash, manifest sha256 `{corpus['manifest_sha256'][:16]}`{tokens}"
     return "unknown"
 
 
@@ -356,6 +431,7 @@ def sections(results: StudyResults) -> dict[str, str]:
         out[f"{size}-arms"] = arms_table(results, size) + "\n\n" + provenance(results, size)
         out[f"{size}-differences"] = differences_table(results, size)
         out[f"{size}-phases"] = phases_table(results, size)
+        out[f"{size}-seeds"] = seeds_table(results, size)
     if len(results.sizes()) > 1:
         out["sizes"] = sizes_table(results)
     return out
