@@ -1,62 +1,123 @@
-"""Plan a training run before it runs: memory per GPU, step time, throughput, MFU and days to its tokens.
+"""Plan a training run before it runs: layout, memory per GPU, step time, throughput, MFU, days and GPU-hours.
 
-    python scripts/plan_run.py +experiment=nvfp4_12b --gpu B200 --gpus 64 train.global_batch_size=768
+    python scripts/plan_run.py +experiment=nvfp4_12b parallel=auto --gpu B200 --gpus 64 --tokens 10e12
     python scripts/plan_run.py model=slice_12b data.seq_len=8192 train.micro_batch_size=1 \
         train.global_batch_size=1 parallel.compile=true precision=bf16 --gpu H200 --gpus 1 --json
 
-Overrides are the trainer's (`python -m trainer` composes the same config); --gpu is one of
-trainer/hardware.py's GPUs or CPU (this host). Nothing is built on a device: the plan comes from the
+Overrides are the trainer's (`python -m trainer` composes the same config and validates it the same way);
+--gpu is one of trainer/hardware.py's GPUs or CPU (this host, its RAM shared by the processes of one
+node, as the trainer's preflight sees it). Nothing is built on a device: the plan comes from the
 dimensions (trainer/planning; docs/planning.md says what it counts, how it was calibrated and what it
-leaves out). --json prints one object (params, peak_memory_gib_per_gpu, step_time_s,
-tokens_per_s_per_gpu, mfu, days_to_token_budget, fits, and the parts). Exit status 0 whether or not
-the run fits; 2 for a config the trainer would refuse.
+leaves out). With parallel=auto the plan is of the layout the trainer would choose, printed in one line;
+for an explicit layout, how much slower it is than that choice. --json prints one object
+(schema_version, the layout, the batch run, the collectives, ...). Exit status 0 whether or not the run
+fits; 2 with one line `ConfigError: ...` for a config or argument the trainer would refuse.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from trainer.__main__ import unknown_key_message
 from trainer.config import compose
-from trainer.hardware import GPUS, device_spec
+from trainer.hardware import GPUS
 from trainer.planning import plan_run, smallest_changes
+from trainer.planning.auto import explicit_vs_auto
+from trainer.planning.commands import (cost_line, device_for_plan, launch_command, plan_command, with_override,
+                                     with_overrides)
+from trainer.startup import settle_config
 from trainer.validate import ConfigError
+
+
+def check_arguments(args) -> None:
+    """ConfigError for arguments the planner cannot plan (as the trainer refuses a bad field)."""
+    if args.gpus < 1:
+        raise ConfigError(f"--gpus must be a positive integer, got {args.gpus}")
+    if args.gpus_per_node is not None and args.gpus_per_node < 1:
+        raise ConfigError(f"--gpus-per-node must be a positive integer, got {args.gpus_per_node}")
+    for flag, value in (("--tokens", args.tokens), ("--gpu-hour-price", args.gpu_hour_price)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag} must be a finite number > 0, got {value}")
+
+
+def plan(args):
+    """(plan, cfg, gpu, auto choice or None, slower-than-auto fraction or None); ConfigError as the trainer's."""
+    check_arguments(args)
+    for override in args.overrides:  # a misspelt key: the trainer's own check, before Hydra's composition
+        message = unknown_key_message(override)
+        if message:
+            raise ConfigError(message.splitlines()[0])
+    cfg = compose(args.overrides, config_dir=args.config_dir)
+    gpu = device_for_plan(args.gpu, args.gpus, args.gpus_per_node)
+    settled = settle_config(cfg, gpu, args.gpus, args.gpus_per_node)  # the trainer's checks, auto and batch
+    if settled.choice is not None:
+        run = plan_run(settled.choice.config, gpu, args.gpus, args.gpus_per_node, token_budget=args.tokens)
+        return run, cfg, gpu, settled.choice, None
+    explicit = plan_run(cfg, gpu, args.gpus, args.gpus_per_node, token_budget=args.tokens)
+    choice, slower = explicit_vs_auto(cfg, gpu, args.gpus, args.gpus_per_node, args.tokens, plan=explicit)
+    return explicit, cfg, gpu, choice, slower
+
+
+def print_text(args, run, cfg, gpu, choice, slower) -> None:
+    node = run.layout.gpus_per_node
+    if cfg.parallel.auto:
+        print(choice.line())
+        print("Compared (seconds per token):\n" + choice.comparison())
+    print(run.render())
+    print(cost_line(run, args.gpu_hour_price))
+    if not cfg.parallel.auto and slower is not None:
+        auto_line = plan_command(with_override(args.overrides, "parallel", "auto"), args.gpu, args.gpus,
+                                 args.gpus_per_node)
+        print(f"parallel=auto: {100 * slower:.1f}% slower than the layout parallel=auto picks ({choice.line()}); "
+              f"plan it: {auto_line}")
+    if run.fits:
+        print(f"Start it: {launch_command(args.overrides, run.layout.gpus, node)}")
+        return
+    if cfg.parallel.auto:
+        print(f"No layout fits {run.layout.gpus} x {run.layout.gpu.name}: plan more GPUs (--gpus) or larger ones.")
+        return
+    changes = smallest_changes(cfg, gpu, args.gpus, args.gpus_per_node)
+    print("Would fit:" if changes else "No single change of activation checkpointing, micro-batch or GPU "
+          "count makes it fit.")
+    for change in changes[:3]:
+        line = plan_command(with_overrides(args.overrides, change.overrides), args.gpu, change.gpus, args.gpus_per_node)
+        print(f"  {change.description}: peak {change.plan.peak_memory_gib:.1f} GiB, step "
+              f"{change.plan.step_time_s:.3f} s: {line}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides, as for python -m trainer")
     parser.add_argument("--gpu", default="H200", help=f"one of {', '.join(GPUS)}, CPU (default H200)")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs (data-parallel ranks) in all")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) in all: tp x data-parallel ranks")
     parser.add_argument("--gpus-per-node", type=int, default=None,
                         help="GPUs per node (default: the GPU's NVLink domain: 8, or 72 for GB200/GB300)")
     parser.add_argument("--tokens", type=float, default=None,
                         help="token budget (default: train.steps x global batch x sequence length)")
+    parser.add_argument("--gpu-hour-price", type=float, default=None, help="price of one GPU-hour, for the cost line")
     parser.add_argument("--config-dir", default=None, help="a folder of one's own configs, as the trainer's")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     args = parser.parse_intermixed_args(argv)  # overrides before and after the options
     try:
-        gpu = device_spec(args.gpu)
-        cfg = compose(args.overrides, config_dir=args.config_dir)
-        plan = plan_run(cfg, gpu, args.gpus, args.gpus_per_node, token_budget=args.tokens)
+        run, cfg, gpu, choice, slower = plan(args)
     except (ConfigError, ValueError, HydraException, OmegaConfBaseException) as error:  # a bad config or GPU name
-        print(f"{type(error).__name__}: {error}", file=sys.stderr)
+        name = "ConfigError" if isinstance(error, ConfigError) else type(error).__name__
+        print(f"{name}: {error}".splitlines()[0], file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(plan.as_dict(), indent=1))
+        out = run.as_dict()
+        out["auto"] = None if choice is None else {"line": choice.line(), "overrides": choice.overrides(),
+                                                   "fits": choice.fits, "slower_than_auto": slower}
+        out["gpu_hour_price"] = args.gpu_hour_price
+        print(json.dumps(out, indent=1))
         return 0
-    print(plan.render())
-    if not plan.fits:
-        changes = smallest_changes(cfg, gpu, args.gpus, args.gpus_per_node)
-        print("Would fit:" if changes else "No single change of activation checkpointing, micro-batch or GPU "
-              "count makes it fit.")
-        for change in changes[:3]:
-            print(f"  {change.description}: peak {change.plan.peak_memory_gib:.1f} GiB, step "
-                  f"{change.plan.step_time_s:.3f} s {' '.join(change.overrides)}")
+    print_text(args, run, cfg, gpu, choice, slower)
     return 0
 
 

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Multi-node training under SLURM: one torchrun per node, torchrun starts one process per GPU.
 #   sbatch --nodes=16 scripts/slurm_train.sh +experiment=nvfp4_12b data.prepared_dir=/lustre/shards
-# Plan it first (memory per GPU, step time, days): the same overrides with
-#   python scripts/plan_run.py +experiment=nvfp4_12b parallel=hsdp --gpu B200 --gpus 128
-# every rank also plans itself at start and stops, exit status 2, if the run cannot fit its GPUs.
+# Plan it first (the layout parallel=auto picks, memory per GPU, step time, days): the same overrides with
+#   python scripts/plan_run.py +experiment=nvfp4_12b --gpu B200 --gpus 128
+# every rank also plans itself at start: the 12B experiments' parallel=auto picks tensor parallelism,
+# FSDP/HSDP and micro-batch for the GPUs launched, and a run that cannot fit stops, exit status 2.
 # Checkpoints and metrics go to $RUN_DIR (a shared filesystem); a requeued job resumes from the
 # latest complete checkpoint there. SLURM sends SIGTERM 120 s before the time limit; torchrun
 # passes it to its workers, which save a checkpoint at the next step boundary and exit cleanly

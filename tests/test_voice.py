@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PRODUCT = ["README.md", "CHANGELOG.md", "docs", "models", "data", "fileio", "trainer", "reports", "benchmarks", "scripts",
+PRODUCT = ["README.md", "CHANGELOG.md", "docs", "models", "data", "fileio", "trainer", "reports", "study", "benchmarks", "scripts",
            "configs"]
 """What the voice rules read: the docs and the product packages (tests and results/ are not product)."""
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".sh", ".toml", ".txt", ""}

@@ -25,6 +25,7 @@ from trainer.callbacks import Callback, StepContext
 from trainer.config import TrainConfig
 from trainer.hardware import GPUS, GpuSpec, cpu_spec, detect_gpu, host_memory_gib
 from trainer.planning import RunPlan, plan_run, smallest_changes, smallest_fitting_gpus
+from trainer.planning.plan import format_count
 from trainer.validate import ConfigError
 
 SUGGESTED_GPUS = ("H200", "B200", "GB300")
@@ -70,7 +71,7 @@ def preflight(cfg: TrainConfig) -> Optional[RunPlan]:
 
         model, _ = adopt_hf_architecture(cfg.model, cfg.checkpoint.init_from_hf)
     spec, world, local_world = devices_seen(cfg)
-    plan = plan_run(cfg, spec, world, gpus_per_node=local_world, model=model)
+    plan = plan_run(cfg, spec, world, gpus_per_node=local_world, model=model)  # parallel=auto: chosen before
     if not plan.fits:
         raise PreflightError(refusal_message(cfg, plan, model))
     return plan
@@ -82,7 +83,7 @@ def refusal_message(cfg: TrainConfig, plan: RunPlan, model) -> str:
     device = ("this host's RAM" + (f" shared by {layout.gpus_per_node} processes" if layout.gpus_per_node > 1 else "")
               if layout.gpu.name == "CPU" else f"each {layout.gpu.name}")
     lines = [
-        f"the run does not fit: {model.name} ({plan.params / 1e9:.2f}B parameters) needs "
+        f"the run does not fit: {model.name} ({format_count(plan.params)} parameters) needs "
         f"{plan.peak_memory_gib:.1f} GiB per device at its peak on {layout.gpus} "
         f"{'process' if layout.gpus == 1 else 'processes'}; {device} offers {plan.usable_memory_gib:.1f} GiB "
         f"usable of {layout.gpu.memory_gib:.1f} GiB.",

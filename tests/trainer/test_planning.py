@@ -13,7 +13,8 @@ from trainer.config import compose
 from trainer.hardware import GPUS, GpuSpec, cpu_spec
 from trainer.planning import plan_run, smallest_changes
 from trainer.planning.layout import resolve_layout
-from trainer.planning.step_time import H200_CALIBRATED, communication_seconds, plan_step_time
+from trainer.planning.collectives import seconds_by_kind, step_collectives
+from trainer.planning.step_time import H200_CALIBRATED, plan_step_time
 from trainer.validate import ConfigError
 
 GIB = 2**30
@@ -104,14 +105,28 @@ def test_gemm_time_is_flops_over_the_rate_when_bandwidth_is_free():
     assert step.parts["elementwise"] == step.parts["loss"] == step.parts["optimizer"] == 0.0
 
 
+# The hand model's FSDP units by hand: the Mamba block (norm 64, dt_bias/A_log/D 24, in_proj 18944, conv 640 +
+# bias 160, gated norm 128, out_proj 8192), the attention block, the MLP block, the root (embedding, LM head, norm_f).
+HAND_UNITS = {"layers.0": 28152, "layers.1": 12352, "layers.2": 32832, "root": 65600}
+
+
 def test_fsdp_traffic_by_hand():
-    """FSDP over 8 H200s in BF16: each micro-batch gathers every parameter twice (forward, backward),
-    the gradient is reduce-scattered once, each at 7/8 of its size, over NVLink (450 GB/s at 80%)."""
+    """FSDP over 8 H200s in BF16, 2 micro-batches: each unit gathered in every micro-batch's forward and again in
+    its backward (the last block and the root, kept gathered, once), its gradient reduce-scattered once (FP32),
+    each at 7/8 of its size over NVLink (450 GB/s at 80%) plus the calls' latency."""
+    assert sum(HAND_UNITS.values()) == HAND_PARAMS
     cfg = hand_run("train.micro_batch_size=1", "train.global_batch_size=16")
     layout = resolve_layout(cfg, GPUS["H200"], 8)
-    seconds, _ = communication_seconds(cfg.model, layout, H200_CALIBRATED)
-    expected = (2 * 2 * (2 * HAND_PARAMS * 7 / 8) + 4 * HAND_PARAMS * 7 / 8) / (450e9 * 0.8)
-    assert seconds == pytest.approx(expected, rel=1e-12)
+    collectives = step_collectives(cfg.model, layout)
+    got = {(c.op, c.unit): (c.mesh_dim, c.group_size, c.bytes_per_call, c.calls_per_step) for c in collectives if c.unit}
+    for unit, numel in HAND_UNITS.items():
+        kept = unit in ("layers.2", "root")
+        assert got[("all_gather", unit)] == ("dp_shard", 8, 2 * numel, 2 if kept else 4)
+        assert got[("reduce_scatter", unit)] == ("dp_shard", 8, 4 * numel, 1)
+    latency = 5e-6 + 7 * 1e-6  # BASE_LATENCY_S + 7 NVLink hops of the ring
+    expected = sum(calls * (7 / 8 * size / (450e9 * 0.8) + latency)
+                   for _, _, size, calls in (got[key] for key in got))
+    assert seconds_by_kind(collectives, layout, H200_CALIBRATED.network)["overlapped"] == pytest.approx(expected, rel=1e-12)
     # HSDP: 2 replicas of 4 on 8 GPUs of 4 per node: shards over NVLink, the all-reduce over InfiniBand.
     hsdp = resolve_layout(compose(["model=tiny", "parallel=hsdp", "parallel.dp_shard=4", "train.micro_batch_size=1",
                                    "train.global_batch_size=8"]), GPUS["H200"], 8, gpus_per_node=4)

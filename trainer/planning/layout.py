@@ -1,12 +1,16 @@
 """How a run spreads over its devices, resolved from the config alone: what the memory and time models read.
 
 `resolve_layout(cfg, gpu, gpus, gpus_per_node)` applies the trainer's own rules without a process
-group: FSDP2 on or off (`parallel.fsdp`), the shard and replica sizes of the mesh
-(`trainer.distributed.build_mesh`), gradient accumulation (`loop._batch_arithmetic`), the compute
-and residual dtypes (`distributed.resolve_dtype`: bf16 on a GPU, fp32 on the CPU), which blocks
-recompute their activations (`parallel.activation_checkpoint`), and the format and backend of
-every GEMM (`models.quant.recipe.plan_layers`, asked on a model built on the meta device, as the
-GEMM report asks it). A layout the trainer would refuse raises `ConfigError` naming the field.
+group. The mesh is ``dp_replicate x dp_shard x tp`` with tp innermost (a TP group is ``tp`` consecutive
+ranks inside one node); data-parallel ranks = world size / parallel.tp, over which parallel.dp_shard and
+parallel.dp_replicate split as `trainer.distributed.build_mesh` splits the world without TP (dp_shard -1:
+all data-parallel ranks, or dp ranks / dp_replicate). Also: FSDP2 on or off (`parallel.fsdp`), when FSDP2
+re-gathers parameters and reduces gradients (`parallel.reshard`, `parallel.grad_reduce`), the batch
+actually run and its accumulation (`trainer.planning.batch.resolve_batch`: train.batch_policy), the compute
+and residual dtypes (`distributed.resolve_dtype`: bf16 on a GPU, fp32 on the CPU), which blocks recompute
+their activations (`parallel.activation_checkpoint`), and the format and backend of every GEMM
+(`models.quant.recipe.plan_layers`, asked once per model and recipe on a model built on the meta device,
+as the GEMM report asks it). A layout the trainer would refuse raises `ConfigError` naming the field.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from typing import Dict, Optional
 from models.config import ModelConfig
 from trainer.config import TrainConfig
 from trainer.hardware import GpuSpec
-from trainer.planning.gemm_costs import FORMAT_COSTS, RECIPE_FORMATS, recipe_gemm_formats
-from trainer.validate import ConfigError
+from trainer.planning.batch import ResolvedBatch, resolve_batch
+from trainer.planning.gemm_costs import FORMAT_COSTS, RECIPE_FORMATS, costs_for_recipe, recipe_gemm_formats
+from trainer.planning.tensor_parallel import quantized_split_problem
+from trainer.validate import ConfigError, tensor_parallel_problem
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -29,7 +35,7 @@ class RunLayout:
 
     gpu: GpuSpec
     gpus: int
-    """World size: data-parallel ranks, one per GPU."""
+    """World size: tp x data-parallel ranks, one rank per GPU."""
     gpus_per_node: int
     """GPUs of one node (the NVLink domain an HSDP shard group should sit in)."""
     fsdp: bool
@@ -56,10 +62,39 @@ class RunLayout:
     on dequantized operands: formats the GPU lacks, the CPU, or precision.backend=emulated)."""
     gemm_formats: Dict[str, Dict[str, str]] = field(default_factory=dict)
     """Linear name -> {fprop|dgrad|wgrad: cost-model format or 'bf16'}, as the precision pass plans it."""
+    tp: int = 1
+    """Tensor-parallel degree (parallel.tp): the innermost mesh dimension, inside one node."""
+    reshard: str = "per_micro_batch"
+    """parallel.reshard: FSDP2 gathers each unit in every micro-batch's forward and backward, or once a step."""
+    grad_reduce: str = "per_step"
+    """parallel.grad_reduce: FSDP2 reduce-scatters once a step (unsharded gradient accumulated) or every micro-batch."""
+    batch: Optional[ResolvedBatch] = None
+    """The global batch this layout runs (train.batch_policy), None only for a hand-made layout."""
+    reduce_dtype: str = "float32"
+    weight_reused: bool = True
+    """Dgrad reuses Fprop's quantized weight (2D tiles or a tensor scale); False: W^T is quantized again."""
 
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.micro_batch * self.seq_len
+
+    @property
+    def dp_ranks(self) -> int:
+        """Data-parallel ranks: world size / tp (= shard x replicate under FSDP)."""
+        return self.gpus // self.tp
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step actually run."""
+        return self.batch.global_batch if self.batch else self.micro_batch * self.dp_ranks * self.accumulation
+
+    def work_key(self, checkpointing: bool = True, micro_batch: bool = True) -> tuple:
+        """What a micro-batch's work and saved activations depend on besides the model (a cache key; the
+        formats by identity: gemm_formats returns one dict per model and recipe)."""
+        return (self.tp, self.micro_batch if micro_batch else None, self.seq_len,
+                self.checkpointed if checkpointing else None,
+                self.compute_bytes, self.residual_bytes, self.backend, self.compiled, self.fsdp, self.weight_reused,
+                id(self.gemm_formats))
 
     def linear_format(self, name: str) -> str:
         """The format of a linear's Fprop ('bf16' when it is not quantized)."""
@@ -71,7 +106,10 @@ def _config_error(message: str) -> ConfigError:
 
 
 def mesh_sizes(cfg: TrainConfig, gpus: int) -> tuple[bool, int, int]:
-    """(FSDP on, shard size, replicas) as trainer.distributed decides them at this world size."""
+    """(FSDP on, shard size, replicas) as trainer.distributed decides them at this world size.
+
+    Shard x replicas = data-parallel ranks = gpus / parallel.tp.
+    """
     parallel = cfg.parallel
     fsdp_mode = {"True": "on", "False": "off", "true": "on", "false": "off"}.get(str(parallel.fsdp), parallel.fsdp)
     if fsdp_mode not in ("auto", "on", "off"):
@@ -81,18 +119,45 @@ def mesh_sizes(cfg: TrainConfig, gpus: int) -> tuple[bool, int, int]:
     fsdp = fsdp_mode == "on" or (fsdp_mode == "auto" and gpus > 1)
     if not fsdp:
         return False, 1, 1
+    ranks = gpus // parallel.tp
     if parallel.dp_replicate > 0:
         replicate = parallel.dp_replicate
-        shard = parallel.dp_shard if parallel.dp_shard > 0 else gpus // replicate
+        shard = parallel.dp_shard if parallel.dp_shard > 0 else ranks // replicate
     elif parallel.dp_shard > 0:
-        shard = min(parallel.dp_shard, gpus)
-        replicate = gpus // shard
+        shard = min(parallel.dp_shard, ranks)
+        replicate = ranks // shard
     else:
         raise _config_error("parallel.dp_replicate=-1 needs a positive parallel.dp_shard (e.g. GPUs per node)")
-    if replicate * shard != gpus:
+    if replicate * shard != ranks:
         raise _config_error(f"parallel.dp_replicate ({replicate}) x parallel.dp_shard ({shard}) must equal the "
-                            f"world size ({gpus})")
+                            f"data-parallel ranks ({ranks} = world size {gpus} / parallel.tp {parallel.tp})")
     return True, shard, replicate
+
+
+_SPLIT_CACHE: Dict[tuple, str] = {}
+
+
+def _split_problem(model: ModelConfig, precision, tp: int) -> str:
+    """quantized_split_problem once per (model, recipe, tp)."""
+    key = (repr((model, precision)), tp)
+    if key not in _SPLIT_CACHE:
+        _SPLIT_CACHE[key] = quantized_split_problem(model, gemm_formats(model, precision), tp)
+    return _SPLIT_CACHE[key]
+
+
+def check_tensor_parallel(cfg: TrainConfig, model: ModelConfig, gpus: int, gpus_per_node: int) -> None:
+    """ConfigError unless parallel.tp divides the world, fits in one node and splits the model evenly."""
+    tp = cfg.parallel.tp
+    if tp == 1:
+        return
+    if gpus % tp:
+        raise _config_error(f"parallel.tp ({tp}) must divide the world size ({gpus})")
+    if tp > gpus_per_node:
+        raise _config_error(f"parallel.tp ({tp}) must fit in one node ({gpus_per_node} GPUs): its collectives run "
+                            f"on every block")
+    problem = tensor_parallel_problem(model, tp, cfg.data.seq_len) or _split_problem(model, cfg.precision, tp)
+    if problem:
+        raise _config_error(f"parallel.tp={tp}: {problem}")
 
 
 def checkpointed_symbols(which: str) -> str:
@@ -109,6 +174,18 @@ def checkpointed_symbols(which: str) -> str:
 
 
 _FORMATS_CACHE: Dict[str, Dict[str, Dict[str, str]]] = {}
+
+
+def memoized(cache: dict, model: ModelConfig, layout: RunLayout, compute, *extra, checkpointing: bool = True,
+             micro_batch: bool = True):
+    """compute() once per (model, layout.work_key(checkpointing, micro_batch), extra); the layout's formats
+    dict is kept with the value so that its id in the key cannot be reused by another dict."""
+    key = (repr(model), layout.work_key(checkpointing, micro_batch), extra)
+    entry = cache.get(key)
+    if entry is None or entry[0] is not layout.gemm_formats:
+        entry = (layout.gemm_formats, compute())
+        cache[key] = entry
+    return entry[1]
 
 
 def gemm_formats(model: ModelConfig, precision) -> Dict[str, Dict[str, str]]:
@@ -139,27 +216,34 @@ def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Opt
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     model = model or cfg.model
-    fsdp, shard, replicate = mesh_sizes(cfg, gpus)
-    micro, global_batch = cfg.train.micro_batch_size, cfg.train.global_batch_size
-    if global_batch % (micro * gpus):
-        raise _config_error(f"train.global_batch_size ({global_batch}) must be a multiple of train.micro_batch_size "
-                            f"({micro}) x data-parallel ranks ({gpus})")
     on_cpu = gpu.name == "CPU"
+    gpus_per_node = gpus_per_node or min(gpus, gpu.nvlink_domain if not on_cpu else gpus)
+    check_tensor_parallel(cfg, model, gpus, gpus_per_node)
+    fsdp, shard, replicate = mesh_sizes(cfg, gpus)
+    for field_name, value, allowed in (("reshard", cfg.parallel.reshard, ("per_micro_batch", "per_step")),
+                                       ("grad_reduce", cfg.parallel.grad_reduce, ("per_step", "per_micro_batch"))):
+        if value not in allowed:
+            raise _config_error(f"parallel.{field_name} must be one of {allowed}, got {value!r}")
+    batch = resolve_batch(cfg, gpus)
     param_dtype = cfg.parallel.param_dtype
-    compute = DTYPE_BYTES["float32" if on_cpu else "bfloat16"] if param_dtype == "auto" else DTYPE_BYTES.get(param_dtype)
+    compute = (DTYPE_BYTES["float32" if on_cpu else "bfloat16"] if param_dtype == "auto"
+               else DTYPE_BYTES.get(param_dtype))
     if compute is None:
         raise _config_error(f"parallel.param_dtype must be auto, bfloat16, float16 or float32; got {param_dtype!r}")
     reduce_bytes = DTYPE_BYTES.get(cfg.parallel.reduce_dtype)
     if reduce_bytes is None:
-        raise _config_error(f"parallel.reduce_dtype must be bfloat16, float16 or float32; got {cfg.parallel.reduce_dtype!r}")
+        raise _config_error(f"parallel.reduce_dtype must be bfloat16, float16 or float32; "
+                            f"got {cfg.parallel.reduce_dtype!r}")
     return RunLayout(
-        gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node or min(gpus, gpu.nvlink_domain if not on_cpu else gpus),
-        fsdp=fsdp, shard=shard, replicate=replicate, micro_batch=micro, seq_len=cfg.data.seq_len,
-        accumulation=global_batch // (micro * gpus), compute_bytes=compute,
+        gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node,
+        fsdp=fsdp, shard=shard, replicate=replicate, micro_batch=batch.micro_batch, seq_len=cfg.data.seq_len,
+        accumulation=batch.accumulation, compute_bytes=compute,
         # Without FSDP the FP32 master weights run under autocast: the embedding (not autocast) and the
         # residual adds stay FP32. FSDP2 casts the parameters themselves to param_dtype.
         residual_bytes=compute if fsdp else 4, reduce_bytes=reduce_bytes,
         checkpointed=checkpointed_symbols(cfg.parallel.activation_checkpoint),
         compiled=cfg.parallel.compile, cuda_graph=cfg.parallel.cuda_graph, backend=_backend(cfg, gpu),
-        gemm_formats=gemm_formats(model, cfg.precision),
+        gemm_formats=gemm_formats(model, cfg.precision), tp=cfg.parallel.tp, reshard=cfg.parallel.reshard,
+        grad_reduce=cfg.parallel.grad_reduce, batch=batch, reduce_dtype=cfg.parallel.reduce_dtype,
+        weight_reused=costs_for_recipe(cfg.precision)[RECIPE_FORMATS[cfg.precision.format]].weight_transpose_invariant,
     )

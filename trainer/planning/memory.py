@@ -1,36 +1,44 @@
 """Per-GPU memory of a training step, by part, from the layout alone (no tensor is allocated).
 
-State (P parameters, S the FSDP shard group, 1 without FSDP):
+State (P_T the parameters one tensor-parallel rank holds: the TP-split ones / T plus the replicated ones,
+trainer.planning.parameters; S the FSDP shard group, 1 without FSDP):
 
-    master weights        4 P / S     FP32, the optimizer's copy
-    gradients             4 P / S     FP32 (FSDP2 reduce-scatters into the sharded FP32 gradient)
-    optimizer states      8 P / S     AdamW exp_avg and exp_avg_sq, FP32
-    accumulated grads     R P         FSDP2 with gradient accumulation: micro-batches before the last
-                                      skip the reduce-scatter and keep the unsharded gradient in the
-                                      reduce dtype (R bytes; torch's FSDPParam.to_accumulated_grad_if_needed)
+    master weights        4 P_T / S   FP32, the optimizer's copy
+    gradients             4 P_T / S   FP32 (FSDP2 reduce-scatters into the sharded FP32 gradient)
+    optimizer states      8 P_T / S   AdamW exp_avg and exp_avg_sq, FP32
+    accumulated grads     R P_T       FSDP2 with gradient accumulation and parallel.grad_reduce=per_step:
+                                      micro-batches before the last skip the reduce-scatter and keep the
+                                      unsharded gradient in the reduce dtype (R bytes; torch's
+                                      FSDPParam.to_accumulated_grad_if_needed); none with per_micro_batch
+                                      (each micro-batch reduce-scatters into the sharded gradient)
 
 Compute weights (held between a linear's forward and its backward):
     without FSDP          autocast's BF16 copy of each BF16 linear's weight (saved for Dgrad); a quantized
                           linear saves its quantized weight when Dgrad reuses it (NVFP4 2D tiles: the
                           emulation keeps the values in BF16, a native GEMM its 4-bit codes; FP8 128x128
                           tiles: W^T in FP8); nothing for blocks that recompute their activations
-    with FSDP             the root module's parameters (embedding, LM head, final norm: FSDP2 keeps the
-                          root unsharded for the step) and two blocks in flight (the one computing, the
-                          one prefetched), in the compute dtype, plus quantized weights saved as above
+    with FSDP             parallel.reshard=per_micro_batch: the root module's parameters (embedding, LM
+                          head, final norm: FSDP2 keeps the root unsharded from forward to backward) and two
+                          blocks in flight (the one computing, the one prefetched); per_step: every unit's
+                          parameters, gathered once and kept all step (c P_T); in the compute dtype c, plus
+                          quantized weights saved as above (a TP rank's shard of each block linear)
 
 Activations, per token of a micro-batch (c compute bytes, r residual bytes; h hidden, F ffn, d Mamba
-inner width, G groups, N state, H heads, Hq/Hkv attention heads of width a, V vocabulary):
+inner width, G groups, N state, H heads, Hq/Hkv attention heads of width a, V vocabulary; T the
+tensor-parallel degree: the residual, norms, LM head and loss hold t/T tokens (sequence parallelism), the
+mixers 1/T of their width, a column-parallel linear the whole all-gathered input):
 
-    every block           r h (the residual, saved by the pre-norm) + 4 (its rstd) + each linear's saved
-                          input (in_features x the bytes its format saves: c for BF16 and the emulation,
-                          the quantized X^T for native GEMMs; q, k and v share one input)
-    MLP                   + c F (the ReLU's output, which the square also saves)
-    attention             + c (2 Hq a + 2 Hkv a) (q, k, v and SDPA's output) + 4 Hq (log-sum-exp)
-    Mamba-2               + c ((2d + 2GN + H) + 2 (d + 2GN) + d) (in_proj's output, the conv's input and
-                          output, the SSD's output) + 4 (2H + G) (dt, cumulative dA, the gated norm's rstd)
-    a recomputing block   only r h (its input); its full set again while its backward runs
-    LM head and loss      r h + 4 + the LM head's saved input, then at the loss's backward: the logits
-                          (c V), log-softmax's FP32 output (4 V) and its two FP32 gradients (8 V); the
+    every block           (r h + 4) / T (the residual saved by the pre-norm, its rstd) + each linear's
+                          saved input (column-parallel: in_features, row-parallel: in_features / T, x the
+                          bytes its format saves: c for BF16 and the emulation, the quantized X^T for
+                          native GEMMs; q, k and v share one input)
+    MLP                   + c F / T (the ReLU's output, which the square also saves)
+    attention             + (c (2 Hq a + 2 Hkv a) + 4 Hq) / T (q, k, v, SDPA's output, the log-sum-exp)
+    Mamba-2               + (c ((2d + 2GN + H) + 2 (d + 2GN) + d) + 4 (2H + G)) / T (in_proj's output, the
+                          conv's input and output, the SSD's output; dt, cumulative dA, the gated norm's rstd)
+    a recomputing block   only (r h + 4) / T (its input); its full set again while its backward runs
+    LM head and loss      (r h + 4 + the LM head's saved input) / T, then at the loss's backward: the logits
+                          (c V), log-softmax's FP32 output (4 V) and its two FP32 gradients (8 V), / T; the
                           logits' FP32 copy that log-softmax reads is not saved (with FP32 compute it is
                           the logits themselves)
 
@@ -39,7 +47,8 @@ largest, gradients only from earlier micro-batches) and a block's backward (the 
 recomputing block's full set, all gradients: an upper bound, since backward frees activations as
 it creates gradients). Communication buffers: the reduce-scatter's unsharded gradient of the largest
 block in the reduce dtype. Not counted: the CUDA context and allocator fragmentation (the preflight
-keeps a margin for them), torch.compile's and cuBLAS's workspaces, the data loader.
+keeps a margin for them), torch.compile's and cuBLAS's workspaces, the data loader, FSDP2's padding,
+the TP all-gather's output buffer beyond what the linears save.
 """
 
 from __future__ import annotations
@@ -48,10 +57,10 @@ from dataclasses import dataclass
 from typing import Dict
 
 from models.config import ModelConfig
-from models.flops import count_parameters
 from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
-from trainer.planning.layout import RunLayout
+from trainer.planning.layout import RunLayout, memoized
+from trainer.planning.parameters import COLUMN_PARALLEL, largest_block_local, local_parameters, root_local
 
 GIB = 2**30
 
@@ -96,7 +105,7 @@ def linear_saved_weight_bytes(layout: RunLayout, name: str, elements: int) -> fl
 
 
 def mixer_internal_bytes(cfg: ModelConfig, symbol: str, c: int) -> float:
-    """Per-token bytes a mixer saves besides its linears' inputs."""
+    """Per-token bytes a mixer saves besides its linears' inputs (without tensor parallelism)."""
     if symbol == "-":
         return c * cfg.ffn_hidden_size
     if symbol == "*":
@@ -106,70 +115,109 @@ def mixer_internal_bytes(cfg: ModelConfig, symbol: str, c: int) -> float:
     return c * ((2 * d + 2 * gn + heads) + 2 * (d + gn * 2) + d) + 4 * (2 * heads + cfg.mamba_num_groups)
 
 
-def block_activation_bytes(cfg: ModelConfig, layout: RunLayout, index: int) -> float:
-    """Per-token bytes block ``index`` saves for backward when it does not recompute."""
+def kept_input_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
+    """Per-token bytes a recomputing block keeps: its input and the pre-norm's rstd, on t/T tokens."""
+    return (layout.residual_bytes * cfg.hidden_size + 4) / layout.tp
+
+
+def block_activation_bytes(cfg: ModelConfig, layout: RunLayout, index: int, tp: int = 0) -> float:
+    """Per-token bytes block ``index`` saves for backward when it does not recompute, on one of ``tp``
+    tensor-parallel ranks (default: the layout's)."""
+    tp = tp or layout.tp
     symbol = cfg.pattern[index]
-    total = layout.residual_bytes * cfg.hidden_size + 4 + mixer_internal_bytes(cfg, symbol, layout.compute_bytes)
+    total = (layout.residual_bytes * cfg.hidden_size + 4 + mixer_internal_bytes(cfg, symbol, layout.compute_bytes)) / tp
     seen_inputs = set()
     for module, _, in_features, _ in block_linears(cfg, symbol):
         shares_input = module in ("q_proj", "k_proj", "v_proj")
         if shares_input and "qkv" in seen_inputs:
             continue
         seen_inputs.add("qkv" if shares_input else module)
-        total += in_features * linear_saved_input_bytes(layout, f"layers.{index}.mixer.{module}")
+        width = in_features if module in COLUMN_PARALLEL else in_features / tp
+        total += width * linear_saved_input_bytes(layout, f"layers.{index}.mixer.{module}")
     return total
 
 
-def block_parameters(cfg: ModelConfig, symbol: str) -> int:
-    """Parameters of one block: its norm and mixer."""
-    linears = sum(i * o for _, _, i, o in block_linears(cfg, symbol))
-    if symbol != "M":
-        return cfg.hidden_size + linears
-    d, gn = cfg.mamba_inner_size, cfg.mamba_num_groups * cfg.ssm_state_size
-    return cfg.hidden_size + linears + (d + 2 * gn) * (cfg.conv_kernel + 1) + 3 * cfg.mamba_num_heads + d
+def head_activation_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
+    """Per-token bytes the final norm and LM head save, on t/T tokens."""
+    h = cfg.hidden_size
+    return (layout.residual_bytes * h + 4 + h * linear_saved_input_bytes(layout, "lm_head")) / layout.tp
+
+
+def logits_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
+    """Per-token bytes at the loss's backward: the logits, log-softmax's FP32 output, its two FP32 gradients."""
+    return (layout.compute_bytes + 4 + 8) * cfg.vocab_size / layout.tp
+
+
+_CACHE: dict = {}
+
+
+def saved_weight_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
+    """Weight copies held from a linear's forward to its Dgrad (a TP rank's shard of each block linear)."""
+    return memoized(_CACHE, cfg, layout, lambda: _saved_weight_bytes(cfg, layout), "weights", micro_batch=False)
+
+
+def _saved_weight_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
+    total = 0.0
+    for index, symbol in enumerate(cfg.pattern):
+        if symbol in layout.checkpointed:
+            continue
+        for module, _, in_features, out_features in block_linears(cfg, symbol):
+            total += linear_saved_weight_bytes(layout, f"layers.{index}.mixer.{module}",
+                                               in_features * out_features // layout.tp)
+    return total + linear_saved_weight_bytes(layout, "lm_head", cfg.vocab_size * cfg.hidden_size)
+
+
+def gathered_parameter_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
+    """FSDP2's unsharded compute copies held at the peak (module docstring)."""
+    if not layout.fsdp:
+        return 0.0
+    if layout.reshard == "per_step":
+        return layout.compute_bytes * local_parameters(cfg, layout.tp)
+    return layout.compute_bytes * (root_local(cfg, layout.tp) + 2 * largest_block_local(cfg, layout.tp))
+
+
+def activation_bytes_per_token(cfg: ModelConfig, layout: RunLayout) -> tuple[float, float]:
+    """(bytes every block keeps per token, the largest recomputing block's full set per token)."""
+    return memoized(_CACHE, cfg, layout, lambda: _activation_bytes_per_token(cfg, layout), "activations",
+                    micro_batch=False)
+
+
+def _activation_bytes_per_token(cfg: ModelConfig, layout: RunLayout) -> tuple[float, float]:
+    kept_input = kept_input_bytes(cfg, layout)
+    kept, recomputed = 0.0, 0.0
+    for index, symbol in enumerate(cfg.pattern):  # per block: the recipe's formats differ between blocks
+        if symbol in layout.checkpointed:
+            kept += kept_input
+            recomputed = max(recomputed, block_activation_bytes(cfg, layout, index))
+        else:
+            kept += block_activation_bytes(cfg, layout, index)
+    return kept, recomputed
 
 
 def plan_memory(cfg: ModelConfig, layout: RunLayout) -> MemoryPlan:
     """Bytes per GPU by part at the step's peak (module docstring: what each part is)."""
-    params = count_parameters(cfg)
+    params = local_parameters(cfg, layout.tp)
     shard = layout.shard
     tokens = layout.tokens_per_micro_batch
-    c, r, V, h = layout.compute_bytes, layout.residual_bytes, cfg.vocab_size, cfg.hidden_size
-    blocks = range(cfg.num_blocks)
 
     state = {
         "master weights (fp32)": 4 * params / shard,
         "gradients (fp32)": 4 * params / shard,
         "optimizer states (AdamW, fp32)": 8 * params / shard,
     }
-    accumulated = layout.reduce_bytes * params if layout.fsdp and layout.accumulation > 1 else 0.0
+    accumulating = layout.accumulation > 1
+    accumulated = (layout.reduce_bytes * params
+                   if layout.fsdp and accumulating and layout.grad_reduce == "per_step" else 0.0)
+    copies = saved_weight_bytes(cfg, layout) + gathered_parameter_bytes(cfg, layout)
 
-    saved_weights = 0.0
-    for index in blocks:
-        if cfg.pattern[index] in layout.checkpointed:
-            continue
-        for module, _, in_features, out_features in block_linears(cfg, cfg.pattern[index]):
-            saved_weights += linear_saved_weight_bytes(layout, f"layers.{index}.mixer.{module}",
-                                                       in_features * out_features)
-    saved_weights += linear_saved_weight_bytes(layout, "lm_head", V * h)
-    gathered = 0.0
-    if layout.fsdp:
-        root = 2 * V * h + h  # embedding, LM head, final norm
-        gathered = c * (root + 2 * max(block_parameters(cfg, s) for s in set(cfg.pattern)))
+    kept, recomputed = activation_bytes_per_token(cfg, layout)
+    head, logits = head_activation_bytes(cfg, layout), logits_bytes(cfg, layout)
+    buffers = layout.reduce_bytes * largest_block_local(cfg, layout.tp) if layout.gpus > 1 else 0.0
 
-    full = [block_activation_bytes(cfg, layout, index) for index in blocks]
-    kept = sum(r * h + 4 if cfg.pattern[i] in layout.checkpointed else full[i] for i in blocks)
-    recomputed = max((full[i] for i in blocks if cfg.pattern[i] in layout.checkpointed), default=0.0)
-    head = r * h + 4 + h * linear_saved_input_bytes(layout, "lm_head")
-    logits = c * V + 4 * V + 8 * V  # the logits, log-softmax's FP32 output, its two FP32 gradients
-
-    buffers = 0.0
-    if layout.gpus > 1:
-        buffers = layout.reduce_bytes * max(block_parameters(cfg, s) for s in set(cfg.pattern))
-
-    # Gradients present at the loss's backward: those of earlier micro-batches only.
-    earlier_grads = state["gradients (fp32)"] if layout.accumulation > 1 and not layout.fsdp else 0.0
-    common = sum(state.values()) - state["gradients (fp32)"] + accumulated + saved_weights + gathered + buffers
+    # Gradients present at the loss's backward: those of earlier micro-batches, where they are sharded already.
+    earlier_grads = (state["gradients (fp32)"]
+                     if accumulating and (not layout.fsdp or layout.grad_reduce == "per_micro_batch") else 0.0)
+    common = sum(state.values()) - state["gradients (fp32)"] + accumulated + copies + buffers
     at_loss = common + earlier_grads + tokens * (kept + head + logits)
     at_block = common + state["gradients (fp32)"] + tokens * (kept + recomputed)
 
@@ -177,7 +225,7 @@ def plan_memory(cfg: ModelConfig, layout: RunLayout) -> MemoryPlan:
     parts = dict(state)
     parts["gradients (fp32)"] = earlier_grads if loss_is_peak else state["gradients (fp32)"]
     parts["accumulated gradients (unsharded)"] = accumulated
-    parts["compute and quantized weight copies"] = saved_weights + gathered
+    parts["compute and quantized weight copies"] = copies
     parts["activations"] = tokens * (kept + (head if loss_is_peak else recomputed))
     parts["logits and loss"] = tokens * logits if loss_is_peak else 0.0
     parts["communication buffers"] = buffers

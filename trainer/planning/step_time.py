@@ -21,9 +21,22 @@ Per micro-batch (t tokens), each term at a stated share of the datasheet rate (`
                    (`idle` without CUDA graphs, `graphed_idle` with parallel.cuda_graph)
 
 Per step: accumulation x micro-batch + the optimizer (fused AdamW over the local shard and the
-gradient-norm clip: OPTIMIZER_BYTES_PER_PARAMETER / (HBM x memory)) + the exposed part of the
-FSDP/HSDP traffic (`communication`: the traffic not hidden behind the step's compute, plus one
-block's all-gather before the first block runs and one block's reduce-scatter after the last).
+gradient-norm clip: OPTIMIZER_BYTES_PER_PARAMETER / (HBM x memory)) + communication, every term from the
+collectives list (trainer.planning.collectives.step_collectives, its seconds per call there):
+
+    tensor parallel   every TP collective, not overlapped: the sequence-parallel all-gathers and
+                      reduce-scatters sit between a block's norm and its mixer, the amax all-reduces
+                      before the quantization that needs them
+    scalars           the loss, gradient-norm and flag all-reduces, not overlapped
+    FSDP / HSDP       overlapped with the step's compute and TP time (FSDP2 gathers the next unit and
+                      reduces the previous one on their own streams) except what exceeds them, and the
+                      calls nothing can hide: the root's and the first block's all-gathers before a
+                      forward can start (each micro-batch with reshard=per_micro_batch, once with
+                      per_step), the root's reduce-scatter and all-reduce after the last backward
+
+With tensor parallelism over T ranks every term of the micro-batch is one rank's share
+(trainer.planning.tensor_parallel: the GEMMs at their local shapes; attention, the SSD, the elementwise
+work and the loss / T; the weight casts of the local shards and the whole LM head).
 
 The shares were set on one H200 (docs/planning.md, "Calibration"): the 12B-shaped slice's kernel
 profile in BF16 and emulated NVFP4 (GEMMs, quantization, attention, SSD, elementwise, loss) and the
@@ -34,14 +47,17 @@ of their own datasheet rates: an assumption, since no Blackwell GPU was measured
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Sequence, Tuple
 
 from models.config import ModelConfig
-from models.flops import count_parameters, flops_breakdown
-from models.gemms import ATTENTION_KIND, training_gemms
+from models.flops import flops_breakdown
+from models.gemms import ATTENTION_KIND
+from trainer.planning.collectives import Collective, call_seconds, seconds_by_kind, step_collectives
 from trainer.planning.gemm_costs import FORMAT_COSTS, OUTPUT_BYTES, gemm_operand_bytes, quantization_bytes
-from trainer.planning.layout import RunLayout
-from trainer.planning.memory import block_activation_bytes, block_parameters, linear_saved_input_bytes
+from trainer.planning.layout import RunLayout, memoized
+from trainer.planning.memory import block_activation_bytes, linear_saved_input_bytes
+from trainer.planning.parameters import ROOT, local_parameters
+from trainer.planning.tensor_parallel import local_training_gemms
 
 
 @dataclass(frozen=True)
@@ -93,10 +109,12 @@ class StepTime:
     parts: Dict[str, float]
     """Per step (micro-batch parts already multiplied by the accumulation)."""
     compute: float
-    """Everything but the exposed communication."""
+    """The GPU's kernels: everything but communication."""
     communication: float
-    """FSDP/HSDP traffic of the step at the links' rates, before any overlap."""
+    """Every collective of the step at the links' rates, before any overlap."""
     exposed_communication: float
+    """What the step waits for: TP and scalar collectives whole, the FSDP/HSDP traffic not hidden."""
+    collectives: Tuple[Collective, ...] = ()
 
     @property
     def total(self) -> float:
@@ -110,68 +128,109 @@ def _gemm_rate(layout: RunLayout, fmt: str, eff: Efficiency) -> float:
     return peaks[FORMAT_COSTS[fmt].peak_key] * eff.gemm_low_precision
 
 
-def micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> Dict[str, float]:
-    """Seconds of one micro-batch's forward and backward, by part, before the idle share."""
-    tokens, seq = layout.tokens_per_micro_batch, layout.seq_len
-    bandwidth, peak = layout.gpu.hbm_bytes_per_s, layout.gpu.peak_flops["bf16"]
-    emulated = layout.backend == "emulated"
-    parts = dict.fromkeys(("GEMMs", "quantization", "attention", "SSD scan", "elementwise", "loss"), 0.0)
-    recomputes = layout.checkpointed
-    for gemm in training_gemms(cfg, tokens, seq):
-        symbol = cfg.pattern[gemm.layer] if gemm.layer is not None else None
-        repeat = 2 if symbol is not None and symbol in recomputes and gemm.kind == "fprop" else 1
+def _gemm_totals(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> Dict[object, Dict[str, float]]:
+    """Per block symbol (None: the LM head): GEMM and quantization seconds of one micro-batch on one TP rank,
+    split into Fprop (which a recomputing block runs twice) and the rest."""
+    bandwidth, emulated = layout.gpu.hbm_bytes_per_s, layout.backend == "emulated"
+    totals: Dict[object, Dict[str, float]] = {}
+    for gemm in local_training_gemms(cfg, layout.tokens_per_micro_batch, layout.seq_len, layout.tp):
         if gemm.kind == ATTENTION_KIND:
-            continue  # flash attention: below
+            continue  # flash attention: _compute_micro_batch_parts
+        symbol = cfg.pattern[gemm.layer] if gemm.layer is not None else None
+        entry = totals.setdefault(symbol, dict.fromkeys(("fprop", "rest", "fprop_quant", "rest_quant"), 0.0))
+        forward = gemm.kind == "fprop"
         fmt = layout.gemm_formats.get(gemm.name, {}).get(gemm.kind, "bf16")
         operand_fmt = "bf16" if emulated else fmt
         traffic = gemm_operand_bytes(gemm, operand_fmt) + (OUTPUT_BYTES * gemm.M * gemm.N if emulated and fmt != "bf16"
                                                            else 0.0)
-        parts["GEMMs"] += repeat * max(gemm.flops / _gemm_rate(layout, fmt, eff), traffic / bandwidth)
+        entry["fprop" if forward else "rest"] += max(gemm.flops / _gemm_rate(layout, fmt, eff), traffic / bandwidth)
         if fmt != "bf16":
             quantized = quantization_bytes(gemm, fmt)
             if emulated and (gemm.kind == "wgrad" or not layout.compiled):
                 quantized += (4 + 2) * gemm.M * gemm.N  # the FP32 output scaled and rounded to BF16
-            parts["quantization"] += repeat * quantized / (bandwidth * eff.quantization)
+            entry["fprop_quant" if forward else "rest_quant"] += quantized / (bandwidth * eff.quantization)
+    return totals
+
+
+def _gemm_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> tuple[float, float]:
+    """(GEMM seconds, quantization seconds) of one micro-batch on one TP rank; recomputing blocks run their
+    Fprop twice."""
+    gpu = layout.gpu
+    device = (gpu.name, tuple(sorted(gpu.peak_flops.items())), gpu.hbm_bytes_per_s)
+    totals = memoized(_MICRO_CACHE, cfg, layout, lambda: _gemm_totals(cfg, layout, eff), "gemms", device, eff,
+                      checkpointing=False)
+    gemms = quantization = 0.0
+    for symbol, entry in totals.items():
+        repeat = 2 if symbol is not None and symbol in layout.checkpointed else 1
+        gemms += repeat * entry["fprop"] + entry["rest"]
+        quantization += repeat * entry["fprop_quant"] + entry["rest_quant"]
+    return gemms, quantization
+
+
+def _saved_by_symbol(cfg: ModelConfig, layout: RunLayout) -> Dict[str, float]:
+    """Per block symbol: the activations its blocks save per token without tensor parallelism (summed)."""
+    out: Dict[str, float] = {}
+    for index, symbol in enumerate(cfg.pattern):
+        out[symbol] = out.get(symbol, 0.0) + block_activation_bytes(cfg, layout, index, tp=1)
+    return out
+
+
+def _local_linear_weights(cfg: ModelConfig, layout: RunLayout) -> float:
+    """Linear weights one TP rank casts each micro-batch: its shard of every block linear, the whole LM head."""
+    gemms = local_training_gemms(cfg, layout.seq_len, layout.seq_len, 1)
+    blocks = sum(g.N * g.K for g in gemms if g.kind == "fprop" and g.layer is not None)
+    return blocks / layout.tp + cfg.vocab_size * cfg.hidden_size
+
+
+def _compute_micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> Dict[str, float]:
+    tokens, seq, tp = layout.tokens_per_micro_batch, layout.seq_len, layout.tp
+    bandwidth, peak = layout.gpu.hbm_bytes_per_s, layout.gpu.peak_flops["bf16"]
+    recomputes = layout.checkpointed
+    parts = dict.fromkeys(("GEMMs", "quantization", "attention", "SSD scan", "elementwise", "loss"), 0.0)
+    parts["GEMMs"], parts["quantization"] = _gemm_parts(cfg, layout, eff)
 
     flops = flops_breakdown(cfg, seq)
     attention_share = 1 + (1 / 3 if "*" in recomputes else 0)  # a recomputing block repeats the forward third
-    parts["attention"] = attention_share * tokens * flops["attention"] / (peak * eff.attention)
+    parts["attention"] = attention_share * tokens * flops["attention"] / (peak * eff.attention) / tp
     mamba_layers = cfg.pattern.count("M")
     ssd_share = 1 + (1 / 3 if "M" in recomputes else 0)
     parts["SSD scan"] = ssd_share * tokens * (flops["ssd_scan"] / (peak * eff.ssd)
-                                              + mamba_layers * SSD_BYTES_PER_TOKEN_LAYER / bandwidth)
+                                              + mamba_layers * SSD_BYTES_PER_TOKEN_LAYER / bandwidth) / tp
 
-    saved = sum(block_activation_bytes(cfg, layout, i) * (1 + (1 / 3 if s in recomputes else 0))
-                for i, s in enumerate(cfg.pattern))
+    # The elementwise work of one TP rank: 1/T of the unsplit model's (its saved activations as the proxy).
+    by_symbol = memoized(_MICRO_CACHE, cfg, layout, lambda: _saved_by_symbol(cfg, layout), "saved",
+                         checkpointing=False, micro_batch=False)
+    saved = sum(total * (1 + (1 / 3 if symbol in recomputes else 0)) for symbol, total in by_symbol.items())
     saved += layout.residual_bytes * cfg.hidden_size + cfg.hidden_size * linear_saved_input_bytes(layout, "lm_head")
-    linear_weights = sum(g.N * g.K for g in training_gemms(cfg, seq, seq) if g.kind == "fprop")
-    elementwise_bytes = ELEMENTWISE_PASSES * tokens * saved + CAST_BYTES_PER_WEIGHT * linear_weights
+    elementwise_bytes = (ELEMENTWISE_PASSES * tokens * saved / tp
+                         + CAST_BYTES_PER_WEIGHT * _local_linear_weights(cfg, layout))
     parts["elementwise"] = elementwise_bytes / (bandwidth * eff.memory)
-    parts["loss"] = tokens * cfg.vocab_size * LOSS_BYTES_PER_LOGIT / (bandwidth * eff.memory)
+    parts["loss"] = tokens / tp * cfg.vocab_size * LOSS_BYTES_PER_LOGIT / (bandwidth * eff.memory)
     return parts
 
 
-def communication_seconds(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> tuple[float, float]:
-    """(FSDP/HSDP seconds of one step, seconds that cannot overlap: one block's all-gather + reduce-scatter)."""
-    if not layout.fsdp or layout.gpus == 1:
-        return 0.0, 0.0
-    gpu, params = layout.gpu, count_parameters(cfg)
-    shard, replicate = layout.shard, layout.replicate
+_MICRO_CACHE: dict = {}
 
-    def link(group: int) -> float:  # a group inside one NVLink domain talks over NVLink, else over the network
-        within = group <= min(layout.gpus_per_node, gpu.nvlink_domain) and gpu.nvlink_bytes_per_s > 0
-        return (gpu.nvlink_bytes_per_s if within else gpu.network_bytes_per_s) * eff.network
 
-    share = (shard - 1) / shard
-    gather = layout.compute_bytes * params * share  # one all-gather of every parameter
-    reduce = layout.reduce_bytes * params * share  # one reduce-scatter of every gradient
-    # Forward and backward gather every micro-batch; gradients are reduced once per step.
-    seconds = (2 * layout.accumulation * gather + reduce) / link(shard) if shard > 1 else 0.0
-    if replicate > 1:  # HSDP: the sharded gradient all-reduced across replicas (ring: 2 (R-1)/R of it)
-        seconds += 2 * (replicate - 1) / replicate * layout.reduce_bytes * params / shard / link(shard * replicate)
-    largest = max(block_parameters(cfg, s) for s in set(cfg.pattern))
-    tail = ((layout.compute_bytes + layout.reduce_bytes) * largest * share / link(shard)) if shard > 1 else 0.0
-    return seconds, tail
+def micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> Dict[str, float]:
+    """Seconds of one micro-batch's forward and backward on one GPU, by part, before the idle share (cached:
+    parallel=auto asks it for many layouts that share their micro-batch)."""
+    gpu = layout.gpu
+    device = (gpu.name, tuple(sorted(gpu.peak_flops.items())), gpu.hbm_bytes_per_s)
+    return dict(memoized(_MICRO_CACHE, cfg, layout, lambda: _compute_micro_batch_parts(cfg, layout, eff), device, eff))
+
+
+def exposed_tail(layout: RunLayout, collectives: Sequence[Collective], eff: Efficiency) -> float:
+    """Seconds of FSDP/HSDP calls nothing can hide (module docstring)."""
+    first_block = "layers.0"
+    ends = [c for c in collectives if c.overlapped and c.unit in (ROOT, first_block)]
+
+    def seconds(unit: str, op: str) -> float:
+        return sum(call_seconds(c, layout, eff.network) for c in ends if c.unit == unit and c.op == op)
+
+    gathers = layout.accumulation if layout.reshard == "per_micro_batch" else 1
+    start = gathers * (seconds(ROOT, "all_gather") + seconds(first_block, "all_gather"))
+    return start + seconds(ROOT, "reduce_scatter") + seconds(ROOT, "all_reduce")
 
 
 def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> StepTime:
@@ -180,10 +239,18 @@ def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_C
     idle_share = eff.graphed_idle if layout.cuda_graph else eff.idle
     parts = {name: seconds * layout.accumulation for name, seconds in micro.items()}
     parts["idle between kernels"] = sum(micro.values()) * idle_share * layout.accumulation
-    local_parameters = count_parameters(cfg) / layout.shard
-    parts["optimizer"] = local_parameters * OPTIMIZER_BYTES_PER_PARAMETER / (layout.gpu.hbm_bytes_per_s * eff.memory)
+    local = local_parameters(cfg, layout.tp) / layout.shard
+    parts["optimizer"] = local * OPTIMIZER_BYTES_PER_PARAMETER / (layout.gpu.hbm_bytes_per_s * eff.memory)
     compute = sum(parts.values())
-    communication, tail = communication_seconds(cfg, layout, eff)
-    exposed = max(0.0, communication - compute) + tail if communication else 0.0
-    parts["communication (exposed)"] = exposed
-    return StepTime(parts=parts, compute=compute, communication=communication, exposed_communication=exposed)
+
+    collectives = tuple(step_collectives(cfg, layout))
+    kinds = seconds_by_kind(list(collectives), layout, eff.network)
+    waited = kinds["tensor parallel"] + kinds["scalars"]
+    tail = exposed_tail(layout, collectives, eff) if kinds["overlapped"] else 0.0
+    hidden_behind = compute + waited
+    exposed_dp = tail + max(0.0, kinds["overlapped"] - tail - hidden_behind)
+    parts["tensor-parallel communication"] = kinds["tensor parallel"]
+    parts["scalar collectives"] = kinds["scalars"]
+    parts["communication (exposed)"] = exposed_dp
+    return StepTime(parts=parts, compute=compute, communication=sum(kinds.values()),
+                    exposed_communication=waited + exposed_dp, collectives=collectives)

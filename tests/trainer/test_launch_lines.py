@@ -1,0 +1,75 @@
+"""The README's and scripts/slurm_train.sh's launch lines start: each line's overrides, at its GPU count (and
+the SLURM line at 1 to 128 nodes of 8), pass the start-up stage the trainer runs (trainer/startup.py: the
+fields, parallel=auto's layout, the batch policy) and plan to fit on B200s."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from trainer.config import compose
+from trainer.hardware import GPUS
+from trainer.planning import plan_run
+from trainer.startup import settle_config
+from trainer_testing import ROOT
+
+NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _commands(text: str) -> list:
+    """Shell commands of the fenced bash blocks, continuation lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    lines = []
+    for block in blocks:
+        lines += [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    return lines
+
+
+def readme_launches() -> list:
+    """(GPUs, trainer overrides) of every README line that starts the 12B with torchrun or sbatch."""
+    launches = []
+    for line in _commands((ROOT / "README.md").read_text()):
+        words = shlex.split(line)
+        if not words or words[0] not in ("torchrun", "sbatch") or not any("_12b" in w or "_8b" in w for w in words):
+            continue
+        overrides = [w for w in words if "=" in w and not w.startswith("-") and not w.startswith("$")]
+        if words[0] == "torchrun":
+            nodes = int(words[words.index("--nnodes") + 1]) if "--nnodes" in words else 1
+            per_node = int(words[words.index("--nproc-per-node") + 1])
+        else:
+            nodes, per_node = int(words[words.index("--nodes") + 1]), 8
+        launches.append((nodes * per_node, overrides))
+    return launches
+
+
+def slurm_plan_overrides() -> list:
+    """The overrides of the plan line in scripts/slurm_train.sh's header."""
+    header = (ROOT / "scripts" / "slurm_train.sh").read_text()
+    line = next(l for l in header.splitlines() if "plan_run.py" in l)
+    words = shlex.split(line.lstrip("#").strip())
+    return [w for w in words[words.index("scripts/plan_run.py") + 1:] if "=" in w and not w.startswith("-")]
+
+
+def _starts(overrides: list, gpus: int) -> None:
+    cfg = compose(overrides)
+    settled = settle_config(cfg, GPUS["B200"], gpus, 8)
+    plan = plan_run(settled.cfg, GPUS["B200"], gpus, 8)
+    assert plan.fits, (gpus, overrides, plan.render())
+    assert abs(settled.batch.deviation) <= cfg.train.batch_tolerance
+
+
+def test_the_readme_has_the_launch_lines():
+    gpus = sorted(g for g, _ in readme_launches())
+    assert gpus[0] == 8 and gpus[-1] >= 128, gpus  # one node and the multi-node line (torchrun and SLURM)
+
+
+@pytest.mark.parametrize("gpus, overrides", readme_launches(), ids=lambda v: str(v) if isinstance(v, int) else "")
+def test_every_readme_launch_line_starts_at_its_gpu_count(gpus, overrides):
+    _starts(overrides, gpus)
+
+
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
+def test_the_slurm_line_starts_on_any_number_of_nodes(nodes):
+    _starts(slurm_plan_overrides(), nodes * 8)

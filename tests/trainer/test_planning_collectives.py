@@ -1,0 +1,258 @@
+"""The planner's communication model: the parameter table, the collectives list by hand, the seconds of a
+call, and (distributed) the list against every collective the trainer's step issues on gloo."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.config import compose
+from trainer.hardware import GPUS, cpu_spec
+from trainer.planning.collectives import (
+    BASE_LATENCY_S,
+    HOP_LATENCY_S,
+    Collective,
+    call_seconds,
+    group_span,
+    step_collectives,
+)
+from trainer.planning.layout import resolve_layout
+from trainer.planning.parameters import fsdp_units, unit_sizes
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["model=tiny", "data.seq_len=32", "train.micro_batch_size=1", "parallel.fsdp=on", "parallel.compile=false"]
+
+
+def by_key(collectives):
+    """(op, mesh_dim, unit) -> (group, bytes per call, calls per step)."""
+    return {(c.op, c.mesh_dim, c.unit or c.purpose): (c.group_size, c.bytes_per_call, c.calls_per_step)
+            for c in collectives}
+
+
+@pytest.mark.parametrize("overrides", [["+experiment=nvfp4_12b"], ["model=tiny"], ["+experiment=study_bf16"]])
+def test_the_parameter_table_is_the_models(overrides):
+    from models import build_model
+
+    cfg = compose(overrides).model
+    with torch.device("meta"):
+        model = build_model(cfg)
+    built = sorted((name, tuple(p.shape)) for name, p in model.named_parameters())
+    assert built == sorted((p.name, p.shape) for unit in fsdp_units(cfg) for p in unit.params)
+
+
+def test_fsdp_pads_each_parameter_to_the_shard_group():
+    """The tiny Mamba block over 16 ranks: dt_bias, A_log, D (16 heads) fit; in_proj's 336 rows pad to 336,
+    conv's 160 channels fit... every dim 0 rounds up to a multiple of 16."""
+    cfg = compose(["model=tiny"]).model
+    block = fsdp_units(cfg)[0]
+    padded = sum(math.ceil(p.shape[0] / 16) * 16 * math.prod(p.shape[1:]) for p in block.params)
+    assert unit_sizes(cfg, 1, 16)[0].padded_numel == padded
+    assert unit_sizes(cfg, 1, 1)[0].padded_numel == block.numel()
+    # 3 ranks: the 64-wide norm pads to 66, the 16 heads' vectors to 18 each.
+    assert unit_sizes(cfg, 1, 3)[0].padded_numel - block.numel() == sum(
+        math.ceil(p.shape[0] / 3) * 3 * math.prod(p.shape[1:]) - math.prod(p.shape) for p in block.params)
+
+
+def test_policies_change_the_calls_per_unit():
+    """4 micro-batches on 4 ranks: per_micro_batch gathers 8 times (the last block and the root 4), per_step
+    once; grad_reduce per_step reduces once, per_micro_batch 4 times."""
+    def calls(*policy):
+        cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=16", *policy])
+        layout = resolve_layout(cfg, GPUS["H200"], 4)
+        return {(c.op, c.unit): c.calls_per_step for c in step_collectives(cfg.model, layout) if c.unit}
+
+    default = calls()
+    assert default[("all_gather", "layers.0")] == 8 and default[("all_gather", "layers.5")] == 4
+    assert default[("all_gather", "root")] == 4 and default[("reduce_scatter", "layers.0")] == 1
+    once = calls("parallel.reshard=per_step", "parallel.grad_reduce=per_micro_batch")
+    assert once[("all_gather", "layers.0")] == once[("all_gather", "root")] == 1
+    assert once[("reduce_scatter", "layers.0")] == once[("reduce_scatter", "root")] == 4
+
+
+def test_hsdp_all_reduces_the_sharded_gradient_and_a_shard_of_one_gathers_nothing():
+    cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=8", "parallel.dp_shard=2",
+                          "parallel.dp_replicate=4"])
+    layout = resolve_layout(cfg, GPUS["H200"], 8)
+    root = unit_sizes(cfg.model, 1, 2)[-1]
+    got = by_key(step_collectives(cfg.model, layout))
+    assert got[("all_reduce", "dp_replicate", "root")] == (4, 4 * root.padded_numel // 2, 1)
+    assert got[("reduce_scatter", "dp_shard", "root")] == (2, 4 * root.padded_numel, 1)
+    single = compose(TINY + ["precision=bf16", "train.global_batch_size=8", "parallel.dp_shard=1",
+                             "parallel.dp_replicate=8"])
+    plain = step_collectives(single.model, resolve_layout(single, GPUS["H200"], 8))
+    assert not [c for c in plain if c.op in ("all_gather", "reduce_scatter")]
+    assert sum(c.mesh_dim == "dp_replicate" for c in plain) == len(fsdp_units(single.model))
+
+
+def test_tensor_parallel_collectives_by_hand():
+    """tp 2 x FSDP 2 on the tiny model (6 blocks, h 64), 2 micro-batches of 32 tokens, BF16 on a GPU, the Mamba
+    blocks recomputed: per micro-batch one gather and one scatter of [32, 64] BF16 per block and pass, the 3
+    recomputing blocks gather again; the replicated gradients (norms, embedding, LM head) once, flat."""
+    cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=4", "parallel.tp=2",
+                          "parallel.activation_checkpoint=M"])
+    layout = resolve_layout(cfg, GPUS["H200"], 4)
+    assert (layout.tp, layout.shard, layout.accumulation) == (2, 2, 2)
+    got = by_key(step_collectives(cfg.model, layout))
+    activation = 2 * 32 * 64
+    assert got[("all_gather", "tp", "sequence-parallel mixer input")] == (2, activation, 2 * (2 * 6 + 3))
+    assert got[("reduce_scatter", "tp", "sequence-parallel mixer output")] == (2, activation, 2 * 2 * 6)
+    m = cfg.model
+    replicated = 6 * m.hidden_size + 2 * m.vocab_size * m.hidden_size + m.hidden_size  # all divisible by 2
+    assert got[("all_reduce", "tp", "gradients of the TP-replicated parameters (flat, FSDP-sharded)")] == (
+        2, 4 * replicated // 2, 1)
+    # A TP rank gathers its FSDP shard of the TP-local parameters: the MLP block's up/down halves, its whole norm.
+    mlp = 64 + 2 * (128 // 2) * 64
+    assert got[("all_gather", "dp_shard", "layers.1")] == (2, 2 * mlp, 4)
+
+
+def test_amax_reductions_of_quantized_tp_linears():
+    """NVFP4 (2D weights, per-tensor scales) on every block linear of the tiny model (32 Mamba heads of 4, so that
+    each shard holds whole 16-blocks) at tp 2: column-parallel W, dY, dY^T and row-parallel W, X, X^T per
+    micro-batch; recomputing blocks repeat their Fprop ones."""
+    base = TINY + ["precision=nvfp4", "precision.bf16_layers_at_start=0", "precision.bf16_layers_at_end=0",
+                   "model.mamba_num_heads=32", "model.mamba_head_dim=4", "train.global_batch_size=2"]
+
+    def amaxes(*extra):
+        cfg = compose(base + list(extra))
+        layout = resolve_layout(cfg, GPUS["B200"], 2)
+        return next(c.calls_per_step for c in step_collectives(cfg.model, layout) if c.purpose.startswith("amax"))
+
+    pattern = compose(base).model.pattern
+    linears = sum(2 if s in "M-" else 4 for s in pattern)  # M: in/out; -: up/down; *: q, k, v / o
+    rows = len(pattern)  # one row-parallel linear per block
+    per_micro_batch = 3 * linears  # column: W, dY, dY^T; row: W, X, X^T
+    assert amaxes("parallel.tp=2", "parallel.activation_checkpoint=none") == 2 * per_micro_batch
+    recompute = (linears - rows) + 2 * rows  # column: W again; row: W and X again
+    assert amaxes("parallel.tp=2", "parallel.activation_checkpoint=full") == 2 * (per_micro_batch + recompute)
+
+
+def test_a_call_takes_its_links_time_and_latency():
+    layout = resolve_layout(compose(TINY + ["precision=bf16", "train.global_batch_size=16", "parallel.tp=2"]),
+                            GPUS["B200"], 16)  # tp 2 x FSDP 8 over 2 nodes of 8
+    assert group_span(layout, "tp", 2) == (2, 1)
+    assert group_span(layout, "dp_shard", 8) == (4, 2)  # 4 of the shard group in a node, 2 nodes
+    ring = Collective("all_gather", "dp_shard", 8, 10**9, 1, "", "")
+    expected = 7 / 8 * 1e9 / (50e9 * 0.8) + BASE_LATENCY_S + 6 * HOP_LATENCY_S["nvlink"] + 2 * HOP_LATENCY_S["network"]
+    assert call_seconds(ring, layout, 0.8) == pytest.approx(expected)
+    inside = Collective("all_reduce", "tp", 2, 4, 1, "", "")
+    assert call_seconds(inside, layout, 0.8) == pytest.approx(2 * 1 / 2 * 4 / (900e9 * 0.8) + BASE_LATENCY_S
+                                                              + 2 * HOP_LATENCY_S["nvlink"])
+    assert call_seconds(Collective("all_reduce", "tp", 1, 4, 1, "", ""), layout, 0.8) == 0.0
+
+
+# ---------------------------------------------------------------------------- against the trainer, on gloo
+def _worker(overrides: list, out: str) -> None:
+    """Under torchrun: two trainer steps (the second counted) of trainer.loop.train_step; rank 0 writes every
+    c10d and functional collective it issued with its tensors."""
+    import contextlib
+
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from models.quant.recipe import apply_precision
+    from trainer.distributed import init_distributed, parallelize
+    from trainer.loop import build_model_on, train_step
+
+    ops = {getattr(torch.ops.c10d, name).default: name for name in
+           ("_allgather_base_", "_reduce_scatter_base_", "allgather_", "allreduce_", "broadcast_", "reduce_scatter_",
+            "allgather_into_tensor_coalesced_", "reduce_scatter_tensor_coalesced_", "allreduce_coalesced_")}
+    ops.update({getattr(torch.ops._c10d_functional, name).default: "functional_" + name for name in
+                ("all_gather_into_tensor", "all_reduce", "reduce_scatter_tensor")})
+
+    class Count(TorchDispatchMode):
+        calls: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(isinstance(t, type) and issubclass(t, DTensor) for t in types):
+                return NotImplemented  # let DTensor lower itself to the collectives counted below
+            if func in ops:
+                leaves = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+                tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
+                self.calls.append((ops[func], [[list(t.shape), t.element_size()] for t in tensors]))
+            return func(*args, **(kwargs or {}))
+
+    cfg = compose(overrides)
+    env = init_distributed(cfg.parallel)
+    model = build_model_on(cfg, env.device)
+    apply_precision(model, cfg.precision, device=env.device)
+    parallelize(model, cfg.parallel, env)
+    tp = cfg.parallel.tp
+    accumulation = cfg.train.global_batch_size // (cfg.train.micro_batch_size * env.world_size // tp)
+    generator = torch.Generator().manual_seed(env.rank // tp)
+
+    def batches():
+        while True:
+            tokens = torch.randint(0, cfg.model.vocab_size, (cfg.train.micro_batch_size, cfg.data.seq_len + 1),
+                                   generator=generator)
+            yield {"inputs": tokens[:, :-1], "labels": tokens[:, 1:]}
+
+    loader, optimizer = batches(), torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step():
+        train_step(model, optimizer, loader, accumulation, contextlib.nullcontext(), env.device, 1.0, lambda: None,
+                   parallel=cfg.parallel, tp_mesh=env.tp_mesh)
+        flag = torch.tensor([0])  # the preemption flag, as trainer.guards.PreemptionFlag.requested
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # FSDP2's lazy initialisation
+    with Count():
+        step()
+    if env.rank == 0:
+        Path(out).write_text(json.dumps(Count.calls))
+    dist.destroy_process_group()
+
+
+def _issued(calls: list, tp: int) -> Counter:
+    """(op, bytes per call as the planner counts them) -> calls."""
+    out = Counter()
+    for name, tensors in calls:
+        sizes = [math.prod(shape) * element for shape, element in tensors]
+        if name == "functional_all_gather_into_tensor":  # only the input is an argument: x the group (tp)
+            out[("all_gather", sizes[0] * tp)] += 1
+        elif "allgather" in name:
+            out[("all_gather", max(sizes))] += 1
+        elif "reduce_scatter" in name:
+            out[("reduce_scatter", max(sizes))] += 1
+        else:
+            out[("all_reduce", sizes[0])] += 1
+    return out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("ranks, overrides", [
+    (2, ["precision=bf16", "train.global_batch_size=4"]),
+    (2, ["precision=bf16", "train.global_batch_size=6", "parallel.reshard=per_step",
+         "parallel.grad_reduce=per_micro_batch", "parallel.activation_checkpoint=full"]),
+    (4, ["precision=nvfp4", "precision.backend=emulated", "train.global_batch_size=4", "parallel.tp=2",
+         "parallel.activation_checkpoint=M"]),
+    (4, ["precision=bf16", "train.global_batch_size=8", "parallel.dp_shard=2", "parallel.dp_replicate=2"]),
+])
+def test_the_list_is_what_the_trainer_issues_on_gloo(tmp_path, ranks, overrides):
+    overrides = TINY + overrides
+    out = tmp_path / "calls.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", __file__,
+         "--worker", str(out), *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = compose(overrides)
+    planned = Counter()
+    for collective in step_collectives(cfg.model, resolve_layout(cfg, cpu_spec(), ranks)):
+        planned[(collective.op, collective.bytes_per_call)] += collective.calls_per_step
+    assert _issued(json.loads(out.read_text()), cfg.parallel.tp) == planned
+
+
+if __name__ == "__main__" and "--worker" in sys.argv:
+    position = sys.argv.index("--worker")
+    _worker(sys.argv[position + 2:], sys.argv[position + 1])

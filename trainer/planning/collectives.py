@@ -1,0 +1,271 @@
+"""Every collective of one optimizer step, as a list, and the seconds each takes on its links.
+
+``step_collectives(model, layout)`` lists what each rank issues in one step (the trainer issues it on
+every rank of the group alike); the step-time model (trainer.planning.step_time) takes its communication
+from this list and nothing else. A ``Collective`` names its op, the mesh dimension and group size it runs
+over, its bytes per call and its calls per step, and what it is for. Bytes per call:
+
+    all_gather       the unsharded (gathered) buffer: group size x each rank's input
+    reduce_scatter   the unsharded input buffer: group size x each rank's output
+    all_reduce       the tensor reduced
+
+FSDP2 (parallel.fsdp; U units: one per block and the root, trainer.planning.parameters), per unit, with
+A micro-batches a step, S = dp_shard, R = dp_replicate, c the compute bytes (parallel.param_dtype) and
+g the reduce bytes (parallel.reduce_dtype); buffers are the unit's TP-local parameters, each padded to a
+multiple of S along dim 0, in one flat buffer (torch's _fsdp_collectives: foreach_all_gather,
+foreach_reduce):
+
+    all_gather over dp_shard      c x padded    reshard=per_micro_batch: 2A calls (each micro-batch's
+                                                forward and backward), A for the last block and the root
+                                                (kept gathered from forward to backward);
+                                                reshard=per_step: 1 call (gathered once, kept all step)
+    reduce_scatter over dp_shard  g x padded    grad_reduce=per_step: 1 call; per_micro_batch: A calls
+    all_reduce over dp_replicate  g x padded/S  HSDP: as many as the reduce-scatters (the sharded gradient)
+
+FSDP2 issues neither all-gather nor reduce-scatter on a shard group of one rank (it copies); the HSDP
+all-reduce still runs. Tensor parallelism (parallel.tp = T > 1, sequence parallel; t tokens a micro-batch,
+h hidden), per block and micro-batch, not overlapped with compute:
+
+    all_gather over tp      c t h    the mixer input along the sequence: forward, backward (the
+                                     reduce-scatter's gradient), and again in a recomputing block's forward
+    reduce_scatter over tp  c t h    the mixer output: forward, backward (the all-gather's gradient); not
+                                     in a recomputation (torch's non-reentrant checkpoint stops at the last
+                                     saved tensor backward needs, before the output's reduce-scatter)
+    all_reduce over tp      4 bytes  each per-tensor amax of a quantized TP linear whose format has a tensor
+                                     scale (NVFP4, per-tensor FP8): column-parallel W (Fprop), dY (Dgrad),
+                                     dY^T (Wgrad); row-parallel W and X (Fprop), X^T (Wgrad); a recomputing
+                                     block repeats its Fprop ones. A quantized LM head (replicated, on t/T
+                                     tokens): X and dY (Fprop, Dgrad) and dY^T, X^T (Wgrad)
+    all_reduce over tp      4 x n    once a step, the gradients of every parameter replicated over TP
+                                     (block norms, embedding, final norm, LM head) in one flat FP32
+                                     buffer of their FSDP-sharded local tensors (n = sum of padded / S;
+                                     trainer.tensor_parallel.reduce_tp_replicated_grads)
+
+Scalars, once a step, marked ``scalar`` (latency only): the loss's mean over the world (4 bytes,
+trainer.distributed.all_reduce_mean), the gradient norm's reduction: torch's clip_grad_norm_ stacks one
+partial norm per parameter tensor and the DTensor's full_tensor all-reduces them over each mesh dimension
+that splits the gradients, dp_shard and tp (4 bytes x parameter tensors each; counted on gloo), the
+preemption flag's MAX over the world (8 bytes,
+trainer.guards.PreemptionFlag). Evaluation and checkpoint collectives are not per step and not listed.
+
+Seconds of one call (``call_seconds``), an alpha-beta model of NCCL's ring (all-gather, reduce-scatter)
+and tree (all-reduce) algorithms on a group of n ranks spanning k nodes (m of its ranks in a node):
+
+    bandwidth  B = NVLink per GPU if k = 1, else the network (InfiniBand) per GPU; x Efficiency.network
+    ring       (n - 1)/n x bytes / B + BASE_LATENCY + (n - k) x HOP[nvlink] + (k if k > 1) x HOP[network]
+    tree       2 (n - 1)/n x bytes / B + BASE_LATENCY + 2 (ceil(log2 m) x HOP[nvlink] + ceil(log2 k) x HOP[network])
+
+A group of one rank costs nothing. The link of a group follows from the mesh order (dp_replicate, dp_shard,
+tp; tp innermost): a dp_shard group spans S x T consecutive ranks, a dp_replicate group strides over them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+from models.config import ModelConfig
+from models.gemms import block_linears
+from trainer.planning.gemm_costs import FORMAT_COSTS
+from trainer.planning.layout import RunLayout, memoized
+from trainer.planning.parameters import COLUMN_PARALLEL, ROOT, UnitSize, fsdp_units, unit_sizes
+
+ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
+DP_SHARD, DP_REPLICATE, TP, WORLD = "dp_shard", "dp_replicate", "tp", "world"
+DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
+
+BASE_LATENCY_S = 5e-6
+"""Per call: NCCL's launch and synchronisation. With HOP_LATENCY_S, a small all-reduce inside one 8-GPU node
+comes to ~11 us, the ~10 us floor reported for in-node NCCL calls on HGX H100 (Scale Atlas, "Tree-reduce
+latency"; Hu et al., "Demystifying NCCL", arXiv 2507.04786, for the protocols' per-hop costs)."""
+HOP_LATENCY_S = {"nvlink": 1e-6, "network": 5e-6}
+"""Per step of a ring or level of a tree: NVLink ~1 us; InfiniBand NDR 2-5 us per switch hop (the same
+sources), taken at its upper end for the network's switches and NCCL's proxy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One kind of call a rank issues in a step (module docstring: what bytes_per_call counts)."""
+
+    op: str
+    """'all_gather', 'reduce_scatter' or 'all_reduce'."""
+    mesh_dim: str
+    """'dp_shard', 'dp_replicate', 'tp' or 'world'."""
+    group_size: int
+    bytes_per_call: int
+    calls_per_step: int
+    dtype: str
+    purpose: str
+    unit: str = ""
+    """The FSDP unit ('layers.3', 'root') or parameter it serves; '' for activations and scalars."""
+    scalar: bool = False
+    """A tiny latency-bound collective (loss, gradient norm, a flag)."""
+    overlapped: bool = False
+    """Whether the step-time model hides it behind compute (FSDP2's prefetching streams)."""
+
+    @property
+    def bytes_per_step(self) -> int:
+        return self.bytes_per_call * self.calls_per_step
+
+    def as_dict(self) -> dict:
+        return {"op": self.op, "mesh_dim": self.mesh_dim, "group_size": self.group_size,
+                "bytes_per_call": self.bytes_per_call, "calls_per_step": self.calls_per_step, "dtype": self.dtype,
+                "purpose": self.purpose, "unit": self.unit, "scalar": self.scalar, "overlapped": self.overlapped}
+
+
+def _fsdp_unit_collectives(layout: RunLayout, unit: UnitSize, kept: bool) -> List[Collective]:
+    S, R, A = layout.shard, layout.replicate, layout.accumulation
+    padded = unit.padded_numel
+    gathers = 1 if layout.reshard == "per_step" else A * (1 if kept else 2)
+    reductions = 1 if layout.grad_reduce == "per_step" else A
+    compute, reduce = DTYPE_NAMES.get(layout.compute_bytes, "float16"), layout.reduce_dtype
+    out = []
+    if S > 1:
+        out.append(Collective(ALL_GATHER, DP_SHARD, S, layout.compute_bytes * padded, gathers, compute,
+                              f"FSDP parameters of {unit.name} ({layout.reshard})", unit.name, overlapped=True))
+        out.append(Collective(REDUCE_SCATTER, DP_SHARD, S, layout.reduce_bytes * padded, reductions, reduce,
+                              f"FSDP gradients of {unit.name} ({layout.grad_reduce})", unit.name, overlapped=True))
+    if R > 1:
+        out.append(Collective(ALL_REDUCE, DP_REPLICATE, R, layout.reduce_bytes * padded // S, reductions, reduce,
+                              f"HSDP sharded gradients of {unit.name}", unit.name, overlapped=True))
+    return out
+
+
+_FSDP_CACHE: Dict[tuple, Tuple[Collective, ...]] = {}
+
+
+def fsdp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
+    """FSDP2's all-gathers, reduce-scatters and HSDP all-reduces, unit by unit (cached per mesh and policy)."""
+    if not layout.fsdp:
+        return []
+    key = (repr(model), layout.tp, layout.shard, layout.replicate, layout.accumulation, layout.reshard,
+           layout.grad_reduce, layout.compute_bytes, layout.reduce_bytes, layout.reduce_dtype)
+    if key not in _FSDP_CACHE:
+        _FSDP_CACHE[key] = tuple(_fsdp_collectives(model, layout))
+    return list(_FSDP_CACHE[key])
+
+
+def _fsdp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
+    units = unit_sizes(model, layout.tp, layout.shard)
+    last_block = units[-2].name
+    out: List[Collective] = []
+    for unit in units:
+        out += _fsdp_unit_collectives(layout, unit, kept=unit.name in (last_block, ROOT))
+    return out
+
+
+def _has_tensor_scale(fmt: str) -> bool:
+    return fmt != "bf16" and FORMAT_COSTS[fmt].amax_pass
+
+
+def _linear_amaxes(layout: RunLayout, name: str, column: bool, recomputes: bool) -> int:
+    """Per micro-batch: amax all-reduces of one TP linear (module docstring)."""
+    formats = layout.gemm_formats.get(name, {})
+    fprop, dgrad, wgrad = (_has_tensor_scale(formats.get(kind, "bf16")) for kind in ("fprop", "dgrad", "wgrad"))
+    forward = fprop * (1 if column else 2)  # column: W; row: W and X
+    backward = (dgrad if column else 0) + wgrad  # column: dY, dY^T; row: X^T
+    backward += dgrad * (not layout.weight_reused)  # Dgrad's W^T quantized again (1D weight blocks)
+    return forward * (2 if recomputes else 1) + backward
+
+
+_AMAX_CACHE: dict = {}
+
+
+def amaxes_per_micro_batch(model: ModelConfig, layout: RunLayout) -> int:
+    """Amax all-reduces of one micro-batch over the TP group (module docstring)."""
+    amaxes = 0
+    for index, symbol in enumerate(model.pattern):
+        for module, _, _, _ in block_linears(model, symbol):
+            amaxes += _linear_amaxes(layout, f"layers.{index}.mixer.{module}", module in COLUMN_PARALLEL,
+                                     symbol in layout.checkpointed)
+    head = {kind: _has_tensor_scale(fmt) for kind, fmt in layout.gemm_formats.get("lm_head", {}).items()}
+    return amaxes + head.get("fprop", 0) + head.get("dgrad", 0) + 2 * head.get("wgrad", 0)  # X; dY; dY^T, X^T
+
+
+def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
+    """Sequence-parallel gathers and scatters, amax reductions and replicated gradients over the TP group."""
+    T, A = layout.tp, layout.accumulation
+    if T == 1:
+        return []
+    activation = layout.compute_bytes * layout.tokens_per_micro_batch * model.hidden_size
+    compute = DTYPE_NAMES.get(layout.compute_bytes, "float16")
+    blocks = len(model.pattern)
+    recomputing = sum(symbol in layout.checkpointed for symbol in model.pattern)
+    # Forward and backward; a recomputing block gathers its input again, but torch's checkpoint stops
+    # recomputing at the last tensor backward needs, before the output's reduce-scatter (which saves none).
+    out = [Collective(ALL_GATHER, TP, T, activation, A * (2 * blocks + recomputing), compute,
+                      "sequence-parallel mixer input"),
+           Collective(REDUCE_SCATTER, TP, T, activation, A * 2 * blocks, compute, "sequence-parallel mixer output")]
+    amaxes = memoized(_AMAX_CACHE, model, layout, lambda: amaxes_per_micro_batch(model, layout), micro_batch=False)
+    if amaxes:
+        out.append(Collective(ALL_REDUCE, TP, T, 4, A * amaxes, "float32",
+                              "amax of quantized TP operands (NVFP4/FP8 tensor scales)", scalar=True))
+    replicated = sum(padded for unit in unit_sizes(model, T, layout.shard) for _, padded in unit.replicated_padded)
+    out.append(Collective(ALL_REDUCE, TP, T, 4 * replicated // layout.shard, 1, "float32",
+                          "gradients of the TP-replicated parameters (flat, FSDP-sharded)"))
+    return out
+
+
+def scalar_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
+    """The loss's mean, the gradient norm's reduction and the preemption flag, once a step."""
+    if layout.gpus == 1:
+        return []
+    out = [Collective(ALL_REDUCE, WORLD, layout.gpus, 4, 1, "float32", "loss mean over ranks", scalar=True)]
+    if layout.fsdp:  # clip_grad_norm_ stacks one partial norm per parameter tensor; each split mesh dim reduces it
+        tensors = sum(len(unit.params) for unit in fsdp_units(model))
+        for mesh_dim, size in ((DP_SHARD, layout.shard), (TP, layout.tp)):
+            if size > 1:
+                out.append(Collective(ALL_REDUCE, mesh_dim, size, 4 * tensors, 1, "float32",
+                                      "gradient norm (the stacked per-parameter norms)", scalar=True))
+    out.append(Collective(ALL_REDUCE, WORLD, layout.gpus, 8, 1, "int64", "preemption flag (MAX)", scalar=True))
+    return out
+
+
+def step_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
+    """Every collective one rank issues in one optimizer step (module docstring)."""
+    return fsdp_collectives(model, layout) + tp_collectives(model, layout) + scalar_collectives(model, layout)
+
+
+# ---------------------------------------------------------------------------- seconds on the links
+def group_span(layout: RunLayout, mesh_dim: str, group_size: int) -> Tuple[int, int]:
+    """(ranks of the group in one node m, nodes the group spans k) from the mesh order."""
+    node = max(1, min(layout.gpus_per_node, layout.gpu.nvlink_domain)) if layout.gpu.nvlink_bytes_per_s > 0 else 1
+    stride = {TP: 1, DP_SHARD: layout.tp, DP_REPLICATE: layout.shard * layout.tp, WORLD: 1}[mesh_dim]
+    in_node = max(1, min(group_size, node // stride)) if stride <= node else 1
+    return in_node, math.ceil(group_size / in_node)
+
+
+def call_seconds(collective: Collective, layout: RunLayout, network_efficiency: float) -> float:
+    """Seconds of one call of ``collective`` on this layout's links (module docstring)."""
+    n = collective.group_size
+    if n <= 1:
+        return 0.0
+    gpu = layout.gpu
+    m, k = group_span(layout, collective.mesh_dim, n)
+    bandwidth = (gpu.nvlink_bytes_per_s if k == 1 else gpu.network_bytes_per_s) * network_efficiency
+    if collective.op == ALL_REDUCE:
+        moved = 2 * (n - 1) / n * collective.bytes_per_call
+        levels = (math.ceil(math.log2(m)), math.ceil(math.log2(k)))
+        hops = 2 * (levels[0] * HOP_LATENCY_S["nvlink"] + levels[1] * HOP_LATENCY_S["network"])
+    else:
+        moved = (n - 1) / n * collective.bytes_per_call
+        hops = (n - k) * HOP_LATENCY_S["nvlink"] + (k * HOP_LATENCY_S["network"] if k > 1 else 0.0)
+    return moved / bandwidth + BASE_LATENCY_S + hops
+
+
+def kind_of(collective: Collective) -> str:
+    """'overlapped' (FSDP/HSDP), 'tensor parallel' or 'scalars' (neither overlapped)."""
+    return "overlapped" if collective.overlapped else "tensor parallel" if collective.mesh_dim == TP else "scalars"
+
+
+def seconds_by_kind(collectives: List[Collective], layout: RunLayout, network_efficiency: float) -> Dict[str, float]:
+    """Seconds per step by kind_of: each call's seconds x its calls, summed."""
+    calls: Dict[tuple, int] = {}
+    for c in collectives:  # many units share their sizes: each distinct call is timed once
+        key = (kind_of(c), c.op, c.mesh_dim, c.group_size, c.bytes_per_call)
+        calls[key] = calls.get(key, 0) + c.calls_per_step
+    out = {"overlapped": 0.0, "tensor parallel": 0.0, "scalars": 0.0}
+    for (kind, op, mesh_dim, group, size), count in calls.items():
+        out[kind] += count * call_seconds(Collective(op, mesh_dim, group, size, 1, "", ""), layout, network_efficiency)
+    return out
