@@ -17,7 +17,9 @@ Global sample sequence (identical on every rank, a pure function of seed, weight
 
 Ranks. A call to `next()` consumes one global batch of G = B * w global samples
 [g, g + G); rank r takes g + r, g + r + w, ..., g + r + (B - 1) w (its B rows, in that order).
-Ranks never overlap and together cover the sequence.
+Ranks never overlap and together cover the sequence. A G that draws more windows from a
+dataset than it has (G x its weight share > W_d) is refused by `build_train_loader` (DataError
+naming train.micro_batch_size and the source): each window would be repeated within every batch.
 
 State and resume. `state_dict()` = {"global_samples": g, "dataset_samples": {name: j_d},
 "seed", "seq_len"}: g is the number of global samples consumed, j_d how many of them came
@@ -166,9 +168,28 @@ class PackedLoader:
         self.seed = int(seed)
         self.document_ids = document_ids
         self.samplers = [WindowSampler(stream, seq_len, self.seed) for stream in streams]
+        self.weights = list(weights)
         self.mixer = Mixer(weights, self.seed)
         self.global_samples = 0
         self.dataset_samples = np.zeros(len(streams), dtype=np.int64)
+
+    def check_batch_fits(self) -> None:
+        """Raise DataError when a micro-batch over all ranks draws more windows from a source than it has: each
+        window would be trained on several times in one batch (build_train_loader checks; a sampler used for
+        statistics may draw so on purpose)."""
+        global_batch = self.micro_batch_size * self.dp_world_size
+        total = float(sum(self.weights))
+        for sampler, weight in zip(self.samplers, self.weights):
+            drawn = global_batch * weight / total
+            if drawn > sampler.num_windows:
+                stream = sampler.stream
+                raise DataError(
+                    f"train.micro_batch_size={self.micro_batch_size} x {self.dp_world_size} data-parallel rank(s) = "
+                    f"{global_batch} sequences per micro-batch draw about {drawn:.0f} windows from source "
+                    f"{stream.name!r}, whose train split has only {sampler.num_windows} windows of {self.seq_len + 1} "
+                    f"tokens ({stream.num_tokens} tokens, {stream.manifest_path}): every window would be repeated "
+                    f"{drawn / sampler.num_windows:.1f} times within each batch. Lower train.micro_batch_size (or "
+                    "data.seq_len), or add data")
 
     def __iter__(self) -> PackedLoader:
         return self
@@ -247,7 +268,7 @@ def build_train_loader(
 ) -> PackedLoader:
     """This rank's infinite training iterator over the mixed sources (seed: cfg.seed when None)."""
     streams = _open_datasets(cfg, "train", dp_rank, dp_world_size)
-    return PackedLoader(
+    loader = PackedLoader(
         streams,
         [source.weight for source in cfg.sources],
         seq_len=cfg.seq_len,
@@ -257,6 +278,8 @@ def build_train_loader(
         seed=cfg.seed if seed is None else seed,
         document_ids=cfg.document_ids,
     )
+    loader.check_batch_fits()  # a micro-batch larger than a source would repeat its windows within every batch
+    return loader
 
 
 def _apportion(total: int, weights: list[float]) -> list[int]:

@@ -19,10 +19,19 @@ the manifest, `read` gives the documents, `statistics` what reading left out (th
 `source_statistics`: a tree's duplicates and oversize files, text files datasets read as
 archives), and `list_files` the files searched for the place of an undecodable byte.
 
-manifest.json is written last and marks the directory complete. `ensure_prepared` wraps this
-in a file lock (``<directory>.lock``), so concurrent processes (ranks) prepare a source once;
-the others wait, then read the result. Work that was started with other settings (tokenizer,
-source files, hold-out, chunk size: prepare-settings.json) is refused, never mixed in.
+manifest.json is written last and marks the directory complete. `prepare_source` holds a file
+lock (``<directory>.lock``) while it prepares, so concurrent processes (the ranks of a run, a
+second scripts/prepare_data.py into the same --out, a run starting while the script prepares)
+prepare a source once: the others wait, then verify and use the result. Work that was started
+with other settings (tokenizer, source files, hold-out, chunk size: prepare-settings.json) is
+refused, never mixed in.
+
+A complete directory named by data.prepared_dir is used only if it holds this source: its
+manifest's source description must match the configured one (`check_prepared_source`: the kind,
+and per kind what the source is: file names and sizes, the built-in corpus's content hash, the
+Hub name, the tree's roots and globs; not modification times or absolute paths, so a corpus
+copied or mounted elsewhere still matches). A directory of another source is refused naming
+both, never trained on.
 """
 
 from __future__ import annotations
@@ -350,6 +359,31 @@ def _check_settings(path: Path, settings: dict) -> None:
         )
 
 
+@contextlib.contextmanager
+def preparation_lock(directory: Path):
+    """Hold ``<directory>.lock`` (an OS file lock, released when the process ends however it ends): one
+    process prepares a directory at a time; the others wait here, saying so."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(directory) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.warning("another process is preparing %s (lock %s): waiting for it to finish, then using its work",
+                    directory, lock.lock_file)
+        while True:
+            try:
+                lock.acquire(timeout=60)
+                break
+            except Timeout:
+                log.warning("still waiting for another process to finish preparing %s (lock %s)", directory,
+                            lock.lock_file)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def prepare_source(
     cfg: DataConfig,
     source: SourceConfig,
@@ -357,11 +391,23 @@ def prepare_source(
     directory: Path | None = None,
     *,
     progress: bool = True,
+    lock: bool = True,
 ) -> dict:
-    """Prepare (or finish preparing) one source into `directory`; returns its manifest. Not locked: see ensure_prepared."""
+    """Prepare (or finish preparing) one source into `directory`; returns its manifest.
+
+    Locked (`preparation_lock`): a concurrent preparation of the same directory waits, then finds it
+    complete, checks it and returns its manifest. lock=False: the caller holds the lock already."""
+    directory = Path(directory) if directory is not None else prepared_directory(cfg, source, tokenizer)
+    if not lock:
+        return _prepare_source_locked(cfg, source, tokenizer, directory, progress)
+    with preparation_lock(directory):
+        return _prepare_source_locked(cfg, source, tokenizer, directory, progress)
+
+
+def _prepare_source_locked(cfg: DataConfig, source: SourceConfig, tokenizer: Tokenizer, directory: Path,
+                           progress: bool) -> dict:
     kind = source_kind(source.kind)
     settings = preparation_settings(cfg, source, tokenizer)
-    directory = Path(directory) if directory is not None else prepared_directory(cfg, source, tokenizer)
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "manifest.json").is_file():
         manifest = read_manifest(directory)
@@ -474,26 +520,80 @@ def write_token_dataset(
 
 
 def ensure_prepared(cfg: DataConfig, source: SourceConfig, tokenizer: Tokenizer, *, progress: bool = True) -> Path:
-    """The source's prepared directory, preparing it first (once, under a file lock) if allowed."""
+    """The source's prepared directory, preparing it first (once, under a file lock) if allowed.
+
+    A complete directory under data.prepared_dir must hold this source (`check_prepared_source`)."""
     directory = prepared_directory(cfg, source, tokenizer)
-    if (directory / "manifest.json").is_file():
-        return directory
-    if not cfg.auto_prepare:
-        raise DataError(
-            f"source {source.name!r}: no prepared shards at {directory} and data.auto_prepare is false; "
-            "run `python scripts/prepare_data.py` with this data config first"
-        )
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(directory) + ".lock")
-    while True:
-        try:
-            lock.acquire(timeout=60)
-            break
-        except Timeout:
-            log.warning("waiting for another process to finish preparing %s (lock %s)", directory, lock.lock_file)
-    try:
-        if not (directory / "manifest.json").is_file():
-            prepare_source(cfg, source, tokenizer, directory, progress=progress)
-    finally:
-        lock.release()
+    if not (directory / "manifest.json").is_file():
+        if not cfg.auto_prepare:
+            raise DataError(
+                f"source {source.name!r}: no prepared shards at {directory} and data.auto_prepare is false; "
+                "run `python scripts/prepare_data.py` with this data config first"
+            )
+        with preparation_lock(directory):  # another process preparing it: wait, then use its work
+            if not (directory / "manifest.json").is_file():
+                prepare_source(cfg, source, tokenizer, directory, progress=progress, lock=False)
+    if cfg.prepared_dir:  # the cache's directory names hash the settings: only a pinned one can hold another source
+        check_prepared_source(directory, cfg, source)
     return directory
+
+
+IGNORED_IN_SOURCE_COMPARISON = frozenset({"mtime_ns", "listing_sha256", "python", "root"})
+"""Description keys that change without the source changing: modification times (and the tree's listing hash
+over them), the interpreter's version and stdlib path (the built-in corpus's content hash decides)."""
+
+
+def _comparable(description):
+    """A source description without what may change while the source stays the same (file paths by name)."""
+    if isinstance(description, dict):
+        kept = {key: _comparable(value) for key, value in description.items() if key not in IGNORED_IN_SOURCE_COMPARISON}
+        if "path" in kept and isinstance(kept["path"], str) and description.get("bytes") is not None:
+            kept["path"] = Path(kept["path"]).name  # the same files copied or mounted elsewhere
+        return kept
+    if isinstance(description, list):
+        return [_comparable(value) for value in description]
+    return description
+
+
+def _shown(value, limit: int = 160) -> str:
+    if isinstance(value, list) and value and isinstance(value[0], dict) and "path" in value[0]:
+        value = [entry["path"] for entry in value]  # a file list: its names say it
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_prepared_source(directory: Path, cfg: DataConfig, source: SourceConfig) -> None:
+    """Raise DataError when the complete prepared `directory` holds another source than `source`.
+
+    Compares the manifest's source description with the configured source's, without modification times
+    or absolute paths. Where the configured source cannot be described on this machine (the raw files of a
+    corpus prepared elsewhere are not here), the kind and a configured file's name are still compared.
+    Shards written by `write_token_dataset` (kind 'synthetic') are the tools' own and are not compared."""
+    manifest_path = Path(directory) / "manifest.json"
+    recorded = read_json(manifest_path).get("source") or {}
+    if recorded.get("kind") == "synthetic":
+        return
+    where = f"data.prepared_dir: {directory} holds shards of another source than {_where(source)}"
+    advice = ("point data.prepared_dir at this source's shards, or prepare this source into another directory "
+              "(scripts/prepare_data.py with this data config and another --out)")
+    if recorded.get("kind") != source.kind:
+        raise DataError(f"{where}: they were prepared from a {recorded.get('kind')!r} source ({manifest_path}), this "
+                        f"one is {source.kind!r}; {advice}")
+    try:
+        current = source_kind(source.kind).describe(source, cfg)
+    except (DataError, OSError) as error:  # the raw source is not on this machine: shards prepared elsewhere
+        named = Path(os.path.expanduser(source.path or "")).name if source.kind == "files" else ""
+        recorded_names = {Path(entry.get("path", "")).name for entry in recorded.get("files", [])
+                          if isinstance(entry, dict)}
+        if named and recorded_names and "." in named and not any(c in named for c in "*?[") \
+                and named not in recorded_names:
+            raise DataError(f"{where}: they were prepared from {sorted(recorded_names)[:5]}, this source reads "
+                            f"{source.path} ({error}); {advice}") from None
+        log.info("%s: cannot describe the source here (%s); using the prepared shards as they are", source.name, error)
+        return
+    before, now = _comparable(recorded), _comparable(current)
+    differing = sorted(key for key in set(before) | set(now) if before.get(key) != now.get(key))
+    if differing:
+        details = "; ".join(f"{key}: prepared {_shown(before.get(key))}, configured {_shown(now.get(key))}"
+                            for key in differing[:4])
+        raise DataError(f"{where} ({manifest_path}): {details}; {advice}")

@@ -137,11 +137,37 @@ def _load_or_train_builtin(cfg: DataConfig) -> Tokenizer:
     return Tokenizer(backend, name=f"builtin-bpe-v{cfg.builtin_vocab_size}", eos_id=eos_id, path=str(path))
 
 
+TOKENIZER_JSON_KEYS = ("model", "pre_tokenizer", "decoder", "added_tokens")
+"""Top-level keys of a `tokenizers` tokenizer.json ("model" holds the vocabulary)."""
+
+
 def _read_tokenizer_json(path: Path) -> tokenizers.Tokenizer:
+    """The tokenizer in a tokenizer.json; DataError naming the file and what it is instead when it is not one
+    (the Rust library's own words, "expected `,` or `}` at line 1 column 14", name neither)."""
     try:
         return tokenizers.Tokenizer.from_file(str(path))
     except Exception as error:  # the Rust library raises a bare Exception on bad JSON
-        raise DataError(f"cannot read tokenizer file {path}: {error}") from error
+        raise DataError(f"data.tokenizer: {path} {_what_it_is_instead(path)}; expected a tokenizer.json as the "
+                        f"`tokenizers` library (or transformers' save_pretrained) writes it: a JSON object with "
+                        f"\"model\" (its vocabulary) and usually {', '.join(repr(k) for k in TOKENIZER_JSON_KEYS[1:])}, "
+                        f"or a tokenizer directory (the library said: {error})") from error
+
+
+def _what_it_is_instead(path: Path) -> str:
+    try:
+        content = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        return f"is not JSON ({error})"
+    except OSError as error:
+        return f"cannot be read ({error})"
+    if not isinstance(content, dict):
+        return f"is JSON but not an object (a {type(content).__name__})"
+    if "model" not in content:
+        keys = ", ".join(repr(key) for key in list(content)[:6]) + (", ..." if len(content) > 6 else "")
+        known = (" (a model's config.json?)" if "model_type" in content or "architectures" in content
+                 else " (a tokenizer_config.json?)" if "tokenizer_class" in content else "")
+        return f"is JSON with the keys {keys}{known} but not a tokenizer: it has no \"model\""
+    return "is a tokenizer.json the library cannot read (damaged or of a newer version)"
 
 
 def _eos_from_tokenizer_config(directory: Path) -> str | None:

@@ -14,8 +14,11 @@ trainer.config.compose): DataConfig keys with or without the `data.` prefix
 (`num_proc=16`, `data.sources.0.path=...`), or `+experiment=NAME`, so the data of an
 experiment is prepared exactly as its training run will read it. Flags apply last.
 
-Interrupt at any time and run the same command again: finished shards are kept. Prints, per
-source, the directory, tokens and documents per split, and the rate.
+Interrupt at any time and run the same command again: finished shards are kept. Two commands
+preparing into one --out take turns (a file lock per source directory): the second waits, then
+verifies and reports the first one's work. Prints, per source, the directory, tokens and
+documents per split, and the rate. An error in the data or its config is one line on stderr,
+exit status 2.
 """
 
 from __future__ import annotations
@@ -25,13 +28,21 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from data import DataConfig, SourceConfig, build_tokenizer, prepare_source, prepared_directory, validate_data_config
+from data.errors import DataError
 from data.shards import open_split
 from trainer.config import compose_data
+
+
+def refuse(message: str) -> NoReturn:
+    """A user's error: one line on stderr, exit status 2."""
+    print(f"prepare_data: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def load_data_config(config: str | None, overrides: list[str], flags: argparse.Namespace | None = None) -> DataConfig:
@@ -39,10 +50,10 @@ def load_data_config(config: str | None, overrides: list[str], flags: argparse.N
     try:
         cfg = compose_data(config, overrides, validate=False)
     except FileNotFoundError as error:  # a --config that is not there: the available names
-        raise SystemExit(str(error)) from None
+        refuse(str(error))
     except ValueError as error:
         if "is not key=value" in str(error):
-            raise SystemExit(str(error)) from None
+            refuse(str(error))
         raise
     if flags is not None:
         apply_flags(cfg, flags)
@@ -54,10 +65,10 @@ def apply_flags(cfg: DataConfig, flags: argparse.Namespace) -> None:
     """The one-source flags (--source/--path/...) and --tokenizer/--out/--num-proc, in place."""
     if flags.source is not None:
         if any(o.removeprefix("data.").startswith("sources") for o in flags.overrides):
-            raise SystemExit("--source describes the one source: give its settings as flags (--path, --split, "
+            refuse("--source describes the one source: give its settings as flags (--path, --split, "
                              "--text-field, ...), not as sources.* overrides")
         if not flags.path and flags.source != "builtin":
-            raise SystemExit(f"--source {flags.source} needs --path (a file, directory or glob; a Hub name for hf)")
+            refuse(f"--source {flags.source} needs --path (a file, directory or glob; a Hub name for hf)")
         name = flags.name or ("builtin" if flags.source == "builtin" else Path(flags.path.rstrip("/*")).name or flags.source)
         source = SourceConfig(name=name, kind=flags.source, text_field=flags.text_field, streaming=flags.streaming,
                               split=flags.split)
@@ -67,7 +78,7 @@ def apply_flags(cfg: DataConfig, flags: argparse.Namespace) -> None:
             source.hf_name, source.hf_config = flags.path, flags.hf_config
         cfg.sources = [source]
     elif flags.path or flags.name:
-        raise SystemExit("--path and --name describe a --source; give --source files|hf|builtin too")
+        refuse("--path and --name describe a --source; give --source files|hf|builtin too")
     if flags.tokenizer is not None:
         cfg.tokenizer = flags.tokenizer
     if flags.out is not None:
@@ -99,7 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_data_config(arguments.config, arguments.overrides, arguments)
     except (ValueError, OmegaConfBaseException, HydraException) as error:  # a bad key or value: say which
-        raise SystemExit(f"bad data config: {error}") from None
+        refuse(f"bad data config: {error}")
+    try:
+        return prepare_and_verify(cfg, arguments)
+    except DataError as error:  # the data's or its config's: named in one line
+        refuse(str(error))
+
+
+def prepare_and_verify(cfg: DataConfig, arguments: argparse.Namespace) -> int:
     tokenizer = build_tokenizer(cfg)
     print(f"tokenizer: {tokenizer}")
     for source in cfg.sources:

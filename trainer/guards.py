@@ -5,11 +5,19 @@
   checkpoint and halts with an error: something is wrong beyond a one-off bad batch.
   The grad norm is the global one (reduced over ranks), so every rank decides alike.
 - A loss spike (loss > spike_factor x its running mean) is logged as an event, nothing more.
-- SIGTERM / SIGUSR1 (cluster preemption; SLURM sends them before the kill) and SIGINT (Ctrl-C)
-  set a flag; at the next step boundary all ranks agree (max-reduce), save a checkpoint and exit
-  cleanly. A second SIGINT exits at once (exit code 130), without that checkpoint: every write
-  is atomic (a save in progress is only a `.tmp_` directory), so nothing committed is touched. A
-  second SIGTERM changes nothing (schedulers repeat it before their SIGKILL).
+- SIGTERM / SIGUSR1 (cluster preemption; SLURM sends them before the kill), SIGINT (Ctrl-C),
+  SIGHUP (the terminal closed, an ssh connection dropped) and SIGQUIT (Ctrl-\\) set a flag; at the
+  next step boundary all ranks agree (max-reduce), save a checkpoint and exit cleanly. torchrun's
+  agent (torch 2.13, `--signals-to-handle` default SIGTERM,SIGINT,SIGHUP,SIGQUIT) passes each of
+  these on to every worker as the same signal and sends SIGKILL `--shutdown-timeout` seconds later
+  (30 by default): the workers' checkpoint must fit in that time. SIGUSR1 reaches workers under
+  torchrun only when `--signals-to-handle` lists it; otherwise it ends torchrun, and a worker whose
+  launcher is gone gets SIGTERM from the kernel (`stop_with_the_launcher`) and stops the same way. A second SIGINT exits at once (exit code
+  130), without that checkpoint: every write is atomic (a save in progress is only a `.tmp_`
+  directory), so nothing committed is touched. A second SIGTERM (SIGHUP, SIGQUIT) changes
+  nothing (schedulers repeat it before their SIGKILL). After a SIGHUP the terminal may be gone: a
+  message that cannot be written (EIO) sends the process's standard output and error to
+  /dev/null, so that the prints of the coming save do not fail it.
 - A failure that leaves the run unable to record what it does (metrics.jsonl or events.jsonl
   on rank 0 not writable: disk full) also stops at the boundary, after a checkpoint attempt,
   with `RunStopped` naming the file (`PreemptionFlag.requested(failure)`, `stop_after_failure`).
@@ -20,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 
 import torch
 import torch.distributed as dist
@@ -83,7 +92,7 @@ INTERRUPT_EXIT_CODE = 130
 class PreemptionFlag:
     """Set by SIGTERM/SIGUSR1/SIGINT; `requested()` is collective: every rank must call it each step."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -92,6 +101,7 @@ class PreemptionFlag:
         self._previous = {}
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        stop_with_the_launcher()
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         # os.write, not print: a handler may run while the main thread is inside print
@@ -100,8 +110,11 @@ class PreemptionFlag:
                         b"checkpoints are intact and the next start resumes from the newest\n")
             os._exit(INTERRUPT_EXIT_CODE)
         if signum == signal.SIGINT:
-            os.write(2, b"\nSIGINT: saving a checkpoint at the end of this step, then stopping "
-                        b"(press Ctrl-C again to stop at once, without it)\n")
+            _say(b"\nSIGINT: saving a checkpoint at the end of this step, then stopping "
+                 b"(press Ctrl-C again to stop at once, without it)\n")
+        elif signum in (signal.SIGHUP, signal.SIGQUIT) and self.signal_name is None:
+            _say(f"\n{signal.Signals(signum).name}: saving a checkpoint at the end of this step, then stopping\n"
+                 .encode())
         self.signal_name = signal.Signals(signum).name
 
     def requested(self, failure: str | None = None) -> bool:
@@ -123,6 +136,40 @@ class PreemptionFlag:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def stop_with_the_launcher() -> None:
+    """Under torchrun: ask the kernel for SIGTERM when the launcher (this process's parent) dies (Linux
+    prctl PR_SET_PDEATHSIG), so that a worker saves and stops at the next step boundary instead of training
+    on orphaned. torchrun dies without telling its workers on a signal it does not pass on (SIGUSR1 unless
+    --signals-to-handle lists it: the default action ends it) or on SIGKILL."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    launcher = os.getppid()
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if launcher == 1 or os.getppid() != launcher:  # it died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _say(message: bytes) -> None:
+    """Write to stderr from a signal handler; a terminal that is gone (EIO after a hangup) sends stdout and
+    stderr to /dev/null instead, so that the prints of the coming save do not fail."""
+    try:
+        os.write(2, message)
+    except OSError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for descriptor in (1, 2):
+            try:
+                os.dup2(null, descriptor)
+            except OSError:
+                pass
+        os.close(null)
 
 
 def stop_after_failure(checkpointer, step: int, failure: str) -> None:

@@ -60,12 +60,12 @@ from trainer.heartbeat import raise_if_collective_timeout
 from trainer.hf.load import adopt_hf_architecture, load_hf_weights
 from trainer.metrics import MetricsLogger
 from trainer.optim import build_optimizer, lr_at, set_lr
-from trainer.hf.export import check_export_directory_at_start
-from trainer.preflight import PlanCheck, preflight
+from trainer.preflight import PlanCheck
 from trainer.quant_report import QuantDiagnostics
 from trainer.run_info import write_run_description
 from trainer.run_lock import DEFAULT_RUN_DIR, hold_run_directory
-from trainer.validate import ConfigError, check_data_requirement, validate_train_config
+from trainer.startup import Settled, start_run
+from trainer.validate import ConfigError
 
 __all__ = ["Callback", "StepContext", "TrainState", "build_model_on", "evaluate", "train", "train_step"]
 
@@ -77,10 +77,8 @@ def train(cfg: TrainConfig, callbacks: Sequence[Callback] = (), *, auto_named_ru
     auto_named_run_dir: the entry point named cfg.run_dir (outputs/<date>/<time>): it must hold no earlier
     run, else the next free name is used (trainer/run_lock.py). run_files: {relative path: text} rank 0
     writes into the run directory with its description (the entry point's .hydra/ files)."""
-    validate_train_config(cfg)  # every field in range before any process group, data or model
-    check_export_directory_at_start(cfg)  # not after hours of training
-    run_plan = preflight(cfg)  # planned for the devices seen: a run that cannot fit stops here
-    check_data_requirement(cfg)
+    startup = start_run(cfg)  # fields, parallel=auto, the batch, the preflight, export dir, data: trainer/startup.py
+    cfg, run_plan = startup.cfg, startup.plan
     env = init_distributed(cfg.parallel)
     try:
         with hold_run_directory(cfg.run_dir or DEFAULT_RUN_DIR, cfg.checkpoint.dir, env,  # one trainer per run
@@ -89,12 +87,13 @@ def train(cfg: TrainConfig, callbacks: Sequence[Callback] = (), *, auto_named_ru
                 cfg = dataclasses.replace(cfg, run_dir=str(held.run_dir))
             probe_checkpoint_directory(held.checkpoint_dir, env, expected_checkpoint_bytes(cfg.model),
                                        cfg.checkpoint.keep)  # writable, with room: not found at the first save
-            return _train(cfg, env, list(callbacks), run_plan, run_files)
+            return _train(cfg, env, list(callbacks), run_plan, run_files, startup)
     finally:
         shutdown()
 
 
-def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_plan=None, run_files=None) -> dict:
+def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_plan=None, run_files=None,
+           startup: Settled | None = None) -> dict:
     from data import build_tokenizer, build_train_loader, build_validation_batches
     from models.flops import flops_per_token
     from models.quant.recipe import apply_precision
@@ -149,7 +148,8 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
 
     logger = MetricsLogger(cfg, run_dir, env.is_main, cfg.train.steps, start_step=state.step)
     _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer, resume_from, saved, state,
-              accumulation=accumulation, tokens_per_step=tokens_per_step, run_plan=run_plan, run_files=run_files)
+              accumulation=accumulation, tokens_per_step=tokens_per_step, run_plan=run_plan, run_files=run_files,
+              startup=startup)
     step_log = StepLog(logger, Evaluator(model, validation, cfg.train.eval_every, autocast, env.device,
                                              env.tp_mesh),
                        cfg.logging.log_every, env.device, env.world_size,
@@ -266,12 +266,24 @@ def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer,
     print(plan_text, flush=True)
     (run_dir / "precision_plan.txt").write_text(plan_text + "\n")
     run_plan = config_extra["run_plan"].as_dict() if config_extra["run_plan"] is not None else None
+    startup = config_extra["startup"]
+    layout_record = startup.record() if startup is not None else None
+    if startup is not None and startup.choice is not None:
+        print(startup.choice.line(), flush=True)  # parallel=auto's layout, planned step time and MFU
+    if startup is not None and startup.batch.adjusted:
+        print(startup.batch.announcement(), flush=True)
     write_run_description(cfg, run_dir, world_size=env.world_size, device=env.device, tokenizer=tokenizer.record,
-                          plan=run_plan, names=start_record_names(run_dir, state.step),  # each start's own
+                          plan=run_plan, start=layout_record,
+                          names=start_record_names(run_dir, state.step),  # each start's own
                           extra_files=config_extra["run_files"])
     logger.log_config_extra({"precision_plan": plan.summary(), "parallel_applied": applied, "run_plan": run_plan,
+                             "start": layout_record,
                              "gradient_accumulation": config_extra["accumulation"],
                              "tokens_per_step": config_extra["tokens_per_step"]})
+    if startup is not None and startup.choice is not None:
+        logger.event(state.step, "layout_chosen", line=startup.choice.line(), overrides=startup.choice.overrides())
+    if startup is not None and startup.batch.adjusted:
+        logger.event(state.step, "batch_adjusted", **startup.batch.event_fields())
     for moved, reason in checkpointer.set_aside:
         logger.event(state.step, "checkpoint_set_aside", path=moved, reason=reason)
     if resume_from is not None:

@@ -11,6 +11,11 @@
                             throughput; null with train.preflight=false). (Not run.json: the study
                             runner, scripts/run_study.py, keeps its own record of a run under that name.)
 
+`<run dir>/.hydra/`         Hydra's record of the command line's composition (config.yaml,
+                            hydra.yaml, overrides.yaml), written here with the others once the
+                            trainer holds the run directory and every check has passed (Hydra
+                            itself writes nothing: configs/train.yaml, trainer/__main__.py).
+
 `precision_plan.txt` (loop.py) completes the picture. A restart with the same run_dir keeps
 both files and writes its own beside them, config.resume-<step>.yaml and
 run_info.resume-<step>.json (trainer/checkpoint/resume_changes.py: `start_record_names`); events.jsonl
@@ -62,8 +67,9 @@ def git_state(source: Path) -> Optional[dict]:
     return {"commit": commit, "dirty": bool(changes), "root": git("rev-parse", "--show-toplevel")}
 
 
-def describe_run(cfg, *, world_size: int, device, tokenizer: Optional[dict] = None, plan: Optional[dict] = None) -> dict:
-    """The contents of run_info.json."""
+def describe_run(cfg, *, world_size: int, device, tokenizer: Optional[dict] = None, plan: Optional[dict] = None,
+                 start: Optional[dict] = None) -> dict:
+    """The contents of run_info.json (``start``: parallel=auto's choice and the batch run, trainer/startup.py)."""
     import torch
 
     source = Path(__file__).resolve().parents[1]
@@ -87,6 +93,7 @@ def describe_run(cfg, *, world_size: int, device, tokenizer: Optional[dict] = No
         "cuda": torch.version.cuda,
         "tokenizer": tokenizer,
         "plan": plan,
+        "start": start,
     }
 
 
@@ -98,9 +105,15 @@ def config_yaml(cfg) -> str:
 
 
 def write_run_description(cfg, run_dir: Path, *, world_size: int, device, tokenizer: Optional[dict] = None,
-                          plan: Optional[dict] = None, names: tuple = ("config.yaml", "run_info.json")) -> None:
-    """Write the config and the run description into `run_dir` under `names` (rank 0 only)."""
+                          plan: Optional[dict] = None, names: tuple = ("config.yaml", "run_info.json"),
+                          extra_files: Optional[dict] = None, start: Optional[dict] = None) -> None:
+    """Write the config and the run description into `run_dir` under `names` (rank 0 only), and `extra_files`
+    ({relative path: text}: the entry point's .hydra/config.yaml, hydra.yaml, overrides.yaml, the latest
+    start's, as Hydra keeps them)."""
     run_dir = Path(run_dir)
+    for relative, text in (extra_files or {}).items():
+        (run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / relative).write_text(text)
     (run_dir / names[0]).write_text(config_yaml(cfg))
-    description = describe_run(cfg, world_size=world_size, device=device, tokenizer=tokenizer, plan=plan)
+    description = describe_run(cfg, world_size=world_size, device=device, tokenizer=tokenizer, plan=plan, start=start)
     (run_dir / names[1]).write_text(json.dumps(description, indent=1) + "\n")

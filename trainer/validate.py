@@ -105,6 +105,8 @@ def _validate_optim(cfg: TrainConfig) -> None:
 def _validate_checkpoint(cfg: TrainConfig) -> None:
     checkpoint = cfg.checkpoint
     _non_negative_ints(checkpoint, "checkpoint", ("every", "keep"))
+    _require(_finite(checkpoint.every_minutes) and checkpoint.every_minutes >= 0, "checkpoint.every_minutes",
+             checkpoint.every_minutes, "a number of minutes >= 0 (0 disables)")
     _require(bool(checkpoint.resume), "checkpoint.resume", checkpoint.resume, "'auto', 'none' or a checkpoint path")
     _require(checkpoint.on_corrupt in ("fallback", "stop"), "checkpoint.on_corrupt", checkpoint.on_corrupt,
              "'fallback' or 'stop'")
@@ -189,6 +191,42 @@ def _validate_components(cfg: TrainConfig) -> None:
             validate()
         except ValueError as error:
             raise ConfigError(str(error)) from error
+    problem = token_blocking_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
+
+
+def token_blocking_problem(cfg: TrainConfig) -> str:
+    """Why a micro-batch's tokens cannot be cut into the quantized weight-gradient GEMMs' blocks ('' when they can).
+
+    A quantized wgrad GEMM reduces over the tokens (micro_batch_size x seq_len, flattened) in blocks of the
+    format's block edge (NVFP4 16, MX 32, FP8 block 128) and pads nothing, so the first backward would fail.
+    Only when some layer is quantized: the plan is made on a meta model (no memory) when the sizes disagree.
+    """
+    from models.quant.format_registry import FORMAT_SPECS
+
+    precision = cfg.precision
+    if precision.format == "bf16" or not precision.quantize_wgrad or precision.format not in FORMAT_SPECS:
+        return ""
+    edge = FORMAT_SPECS[precision.format].block_edge
+    tokens = cfg.train.micro_batch_size * cfg.data.seq_len
+    if tokens % edge == 0:
+        return ""
+    import torch
+
+    from models import build_model
+    from models.quant.recipe import plan_layers
+
+    with torch.device("meta"):
+        quantized = [plan.name for plan in plan_layers(build_model(cfg.model), precision)
+                     if plan.gemm_formats.get("wgrad", "bf16") != "bf16"]
+    if not quantized:
+        return ""
+    return (f"data.seq_len={cfg.data.seq_len}: a micro-batch holds train.micro_batch_size x data.seq_len = "
+            f"{cfg.train.micro_batch_size} x {cfg.data.seq_len} = {tokens} tokens, not a multiple of {edge}, the "
+            f"{precision.format} block the weight-gradient GEMMs of {len(quantized)} quantized layers (e.g. "
+            f"{quantized[0]}) reduce over; choose data.seq_len (or train.micro_batch_size) so that the product is a "
+            f"multiple of {edge}, or keep those GEMMs in BF16 (precision.quantize_wgrad=false)")
 
 
 def check_data_requirement(cfg: TrainConfig) -> None:
@@ -202,3 +240,38 @@ def check_data_requirement(cfg: TrainConfig) -> None:
     if cfg.data_requirement and data.prepared_dir is None and on_builtin:
         raise ConfigError(f"data.prepared_dir is not set: experiment {cfg.name!r} trains on {cfg.data_requirement} "
                           f"(the builtin corpus and tokenizer are for small runs)")
+    # A source of kind builtin is the built-in corpus wherever its shards are: with data.prepared_dir set (a
+    # misspelt one included) it would be prepared there, or its shards used, instead of the required corpus.
+    builtin = [source.name for source in data.sources if source.kind == "builtin"]
+    if cfg.data_requirement and data.prepared_dir is not None and builtin:
+        where = Path(data.prepared_dir).expanduser() / builtin[0]
+        found = (f"holds shards of a {_prepared_kind(where)!r} source" if (where / "manifest.json").is_file()
+                 else "does not exist: the built-in corpus would be prepared there" if not where.exists()
+                 else "holds no complete preparation: the built-in corpus would be prepared there")
+        prepared = _prepared_sources(Path(data.prepared_dir).expanduser())
+        holds = (f"; it holds the prepared source(s) {', '.join(prepared)}: name one in data.sources with the kind, "
+                 "path and settings it was prepared with (e.g. data=local_jsonl data.sources.0.name=NAME "
+                 "data.sources.0.path=...)" if prepared else "")
+        raise ConfigError(
+            f"data.prepared_dir={data.prepared_dir}: data.sources names the built-in corpus (source {builtin[0]!r}; "
+            f"{where} {found}), and experiment {cfg.name!r} trains on {cfg.data_requirement}. Check the path, and "
+            f"give the data config the shards there were prepared with (data=NAME or data.sources.0.*, as for "
+            f"scripts/prepare_data.py){holds}")
+
+
+def _prepared_kind(directory: Path) -> str:
+    """The source kind a prepared directory's manifest records ('?' when it cannot be read)."""
+    import json
+
+    try:
+        return str(json.loads((directory / "manifest.json").read_text()).get("source", {}).get("kind", "?"))
+    except (OSError, ValueError, AttributeError):
+        return "?"
+
+
+def _prepared_sources(directory: Path, shown: int = 5) -> list:
+    """'name (kind)' of the complete prepared sources in a data.prepared_dir (at most `shown`)."""
+    if not directory.is_dir():
+        return []
+    found = sorted(entry for entry in directory.iterdir() if (entry / "manifest.json").is_file())
+    return [f"{entry.name} ({_prepared_kind(entry)})" for entry in found[:shown]] + (["..."] if len(found) > shown else [])

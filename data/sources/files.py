@@ -6,7 +6,9 @@ extension: .jsonl/.json (also .gz, .zst, .bz2, .xz) -> "json", .parquet -> "parq
 line). Files in a directory with other extensions are listed in a warning and not read; an
 empty file or a format mix is an error naming the files. A directory written by `datasets`'
 save_to_disk is read with load_from_disk, and Megatron .bin/.idx corpora are refused naming
-the file (data/sources/saved_datasets.py).
+the file (data/sources/saved_datasets.py). A file read as json or text whose first bytes say it
+is Parquet (or Arrow) is refused naming it and the file_format to give, rather than failing to
+decode as UTF-8.
 
 The description (manifests, cache keys) holds each file's size and modification time, so
 editing a file invalidates an automatic cache. Files read one document per file that give no
@@ -93,7 +95,28 @@ def resolve_data_files(source: SourceConfig) -> tuple[list[Path], str]:
     for path in files:
         if path.stat().st_size == 0:
             raise DataError(f"{where}: data file {path} is empty")
+    if file_format in ("json", "text"):
+        _refuse_binary_formats(files, file_format, where)
     return files, file_format
+
+
+BINARY_SIGNATURES = ((b"PAR1", "a Parquet file", "parquet"), (b"ARROW1", "an Arrow IPC file", None))
+"""(first bytes, what the file is, the file_format that reads it) of data files that are not text. (Compressed
+files and archives are not here: datasets recognizes those by their first bytes and unpacks them.)"""
+
+
+def _refuse_binary_formats(files: list[Path], file_format: str, where: str) -> None:
+    """A file read as json/text whose first bytes say it is a binary format: a DataError naming the file, what it
+    is and the file_format to give, instead of a decoding error advising skip_undecodable_documents."""
+    for path in files:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+        for signature, what, fitting in BINARY_SIGNATURES:
+            if head.startswith(signature):
+                advice = (f"set file_format: {fitting} for this source (or give the file a .{fitting} name with "
+                          "file_format: auto)" if fitting else "convert it to jsonl, parquet or text")
+                raise DataError(f"{where}: data file {path} is {what} (it begins with {signature!r}), read as "
+                                f"file_format={file_format}: {advice}")
 
 
 def validate(source: SourceConfig, where: str) -> None:

@@ -72,8 +72,8 @@ def main() -> None:
     if callbacks:
         plain_train = trainer.loop.train
 
-        def train(cfg, extra=()):
-            return plain_train(cfg, [*extra, *callbacks])
+        def train(cfg, extra=(), **options):  # options: the entry point's (run directory, Hydra's files)
+            return plain_train(cfg, [*extra, *callbacks], **options)
 
         trainer.loop.train = train  # trainer/__main__.py looks it up when it runs
 

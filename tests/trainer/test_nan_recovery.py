@@ -24,7 +24,7 @@ class PoisonFromStep(Callback):
 
 
 def _checkpoints(run_dir):
-    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name != "trainer.lock")
 
 
 def test_nan_halt_and_restarts_never_prune_the_last_good_checkpoint_then_recover_with_lower_lr(tmp_path,

@@ -89,3 +89,59 @@ def test_compose_names_a_bad_key_or_folder(tmp_path):
         compose(["model.nonexistent=1"])
     with pytest.raises(FileNotFoundError, match="not a directory"):
         compose(config_dir=tmp_path / "missing")
+
+
+def _cli_in(work: Path, args: list, timeout: int = 600):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env.pop("HYBRID_RUN_DIR", None)
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_an_auto_named_run_directory_never_resumes_an_earlier_run(tmp_path, data_cache):
+    """A clock set back (or a second start in the same second) names an earlier run's outputs/<date>/<time>: the
+    new run takes the next free name (<time>-1) and trains from step 0; the earlier run is untouched."""
+    import datetime
+    import shutil
+
+    earlier, work = tmp_path / "earlier", tmp_path / "work"
+    work.mkdir()
+    args = tiny_overrides(data_cache, steps=2)
+    assert _cli_in(work, [*args, f"run_dir={earlier}"]).returncode == 0
+    now = datetime.datetime.now()
+    taken = []  # the earlier run under every name this start can get in the next minute: the clock is "behind"
+    for second in range(60):
+        moment = now + datetime.timedelta(seconds=second)
+        name = work / "outputs" / moment.strftime("%Y-%m-%d") / moment.strftime("%H-%M-%S")
+        shutil.copytree(earlier, name, copy_function=os.link)
+        taken.append(name)
+    result = _cli_in(work, args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "holds an earlier run, which an auto-named directory never resumes" in result.stderr
+    fresh = [path for path in (work / "outputs").glob("*/*") if path not in taken]
+    assert len(fresh) == 1 and fresh[0].name.endswith("-1"), fresh
+    events = [json.loads(line) for line in (fresh[0] / "events.jsonl").read_text().splitlines()]
+    assert not [e for e in events if e["event"] == "resumed"]  # trained afresh, from step 0
+    assert [json.loads(line)["step"] for line in (fresh[0] / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert (fresh[0] / ".hydra" / "config.yaml").is_file()
+    twin = fresh[0].with_name(fresh[0].name[:-2])
+    assert (twin / "metrics.jsonl").read_text() == (earlier / "metrics.jsonl").read_text()  # the earlier run as it was
+    assert sorted(p.name for p in (twin / "checkpoints").iterdir()) == ["step_00000002", "trainer.lock"]
+
+
+def test_a_multirun_with_one_run_dir_for_every_job_is_refused_and_per_job_directories_train(tmp_path, data_cache):
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["-m", *tiny_overrides(data_cache, steps=1), "optim.lr=3e-3,1e-2"]
+    refused = _cli_in(work, [*args, f"run_dir={tmp_path / 'shared'}"])
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"ConfigError: run_dir={tmp_path / 'shared'} is the same for "
+                                                   "several jobs of this multirun (-m)"), refused.stderr[-3000:]
+    assert not (tmp_path / "shared").exists()
+
+    per_job = _cli_in(work, [*args, f"run_dir={tmp_path / 'sweep'}/${{hydra:job.num}}"])
+    assert per_job.returncode == 0, per_job.stderr[-3000:]
+    for job, lr in ((0, 3e-3), (1, 1e-2)):
+        written = OmegaConf.load(tmp_path / "sweep" / str(job) / "config.yaml")
+        assert written.optim.lr == lr and (tmp_path / "sweep" / str(job) / "checkpoints" / "step_00000001").is_dir()

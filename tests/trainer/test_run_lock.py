@@ -55,8 +55,10 @@ def test_a_second_trainer_refuses_naming_the_holder_and_a_killed_holder_leaves_n
 
 def test_checkpoints_outside_the_run_directory_are_locked_too(tmp_path):
     run_dir, elsewhere = tmp_path / "run", tmp_path / "shared" / "checkpoints"
-    assert lock_directories(run_dir, None) == [run_dir.resolve()]
-    assert lock_directories(run_dir, run_dir / "checkpoints") == [run_dir.resolve()]
+    # the checkpoint directory is always locked on its own, the default one inside the run directory included
+    assert lock_directories(run_dir, None) == [run_dir.resolve(), (run_dir / "checkpoints").resolve()]
+    assert lock_directories(run_dir, run_dir / "checkpoints") == [run_dir.resolve(), (run_dir / "checkpoints").resolve()]
+    assert lock_directories(run_dir, run_dir) == [run_dir.resolve()]
     assert lock_directories(run_dir, elsewhere) == [run_dir.resolve(), elsewhere.resolve()]
     holder = _holder(elsewhere)
     try:
@@ -65,6 +67,85 @@ def test_checkpoints_outside_the_run_directory_are_locked_too(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def _cli(args, cwd=ROOT, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("how", ["directly", "through_a_symlink"])
+def test_a_run_naming_a_running_runs_checkpoints_is_refused_before_writing_anything(tmp_path, data_cache, how):
+    """Run A holds its directories as a trainer does (its default checkpoint directory included); run B, with its
+    own run_dir and checkpoint.dir naming A's checkpoints (or a link to them), is refused: exit 2, one line naming
+    the lock file, and B leaves no directory behind."""
+    import types
+
+    from trainer.run_lock import hold_run_directory
+
+    run_a, run_b = tmp_path / "A", tmp_path / "B"
+    named = run_a / "checkpoints"
+    if how == "through_a_symlink":
+        named = tmp_path / "link"
+        (run_a / "checkpoints").mkdir(parents=True)
+        named.symlink_to(run_a / "checkpoints")
+    with hold_run_directory(run_a, None, types.SimpleNamespace(is_main=True)):  # run A, running
+        result = _cli([*tiny_overrides(data_cache, steps=2), f"run_dir={run_b}", f"checkpoint.dir={named}"])
+        assert sorted(path.name for path in (run_a / "checkpoints").iterdir()) == [LOCK_FILE]  # nothing of B's
+    assert result.returncode == 2, result.stderr[-3000:]
+    line = _one_line(result.stderr)
+    assert line.startswith("RunDirectoryInUse: ") and f"lock file {(run_a / 'checkpoints').resolve() / LOCK_FILE}" in line
+    assert not run_b.exists()  # refused before anything was written: not even its directory is left
+
+
+def test_a_refused_second_trainer_leaves_the_running_runs_files_alone(tmp_path, data_cache):
+    """The lock comes before anything is written, Hydra's .hydra/ files included: a second trainer on a running
+    run's directory (with another lr and steps) is refused in one line, exit 2, and every file of the run is as
+    it was."""
+    import types
+
+    from trainer.run_lock import hold_run_directory
+
+    run_dir = tmp_path / "run"
+    first = _cli([*tiny_overrides(data_cache, steps=1), f"run_dir={run_dir}"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+    assert run_dir / ".hydra" / "config.yaml" in before
+    with hold_run_directory(run_dir, None, types.SimpleNamespace(is_main=True)):  # the run, running again
+        second = _cli([*tiny_overrides(data_cache, steps=3), "optim.lr=1e-2", f"run_dir={run_dir}"])
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert _one_line(second.stderr).startswith(f"RunDirectoryInUse: {run_dir.resolve()} is in use by another trainer")
+    after = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+    assert after.keys() == before.keys()
+    changed = [str(path) for path in before if before[path] != after[path] and path.name != LOCK_FILE]
+    assert changed == []  # the running run's .hydra/*.yaml, config and logs untouched
+
+
+@pytest.mark.parametrize("setting", ["run_dir", "checkpoint.dir", "run_dir below a file"])
+def test_a_run_or_checkpoint_directory_that_is_a_file_is_one_line_exit_2(tmp_path, data_cache, setting):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a directory\n")
+    named = a_file / "run" if setting == "run_dir below a file" else a_file
+    key = setting.split()[0]
+    args = [*tiny_overrides(data_cache, steps=1), f"{key}={named}"]
+    if key == "checkpoint.dir":
+        args.append(f"run_dir={tmp_path / 'run'}")
+    result = _cli(args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    if named == a_file:
+        assert _one_line(result.stderr) == (f"RunDirectoryUnusable: {key}={a_file.resolve()} names an existing file, "
+                                            "not a directory: choose a directory (new or one of an earlier run)")
+    else:
+        assert _one_line(result.stderr).startswith(f"RunDirectoryUnusable: run_dir={named.resolve()} cannot be "
+                                                    "created: ENOTDIR")
+    assert a_file.read_text() == "not a directory\n" and not (tmp_path / "run").exists()
 
 
 RANKS = textwrap.dedent("""

@@ -44,7 +44,8 @@ Checkpoints of another model (allow_model_change) are never pruned.
 
 When to save is decided here too: the loop hands over what a checkpoint holds once
 (`track(model, optimizer, trainer_state)`) and calls `maybe_save(step, last=...)` after every step
-(checkpoint.every), `save_now(step)` at a stop (preemption, NaN halt) and `save_final(step, ...)`
+(checkpoint.every, and checkpoint.every_minutes: rank 0's clock, shared by an all-reduce every
+step, so every rank saves at the same step), `save_now(step)` at a stop (preemption, NaN halt) and `save_final(step, ...)`
 at the end (checkpoint.save_at_end). `on_shards_written` is a no-op extension point between the
 shards and the commit (tests replace it to kill a save half done).
 
@@ -59,10 +60,13 @@ restored when the world size matches and re-seeded from (seed, step, rank) other
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import sys
+import time
+import warnings
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -102,6 +106,15 @@ def _warn(message: str) -> None:
     print(f"checkpoint: {message}", file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def single_process_quiet():
+    """DCP in one process warns "torch.distributed is disabled ... assuming the intent is to save in a single
+    process" at every save and load, which is the intent here: that warning (only) is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
 class Checkpointer:
     def __init__(self, cfg: CheckpointConfig, run_dir: Path, env: DistEnv, model_config=None,
                  precision_backend: Optional[str] = None):
@@ -113,6 +126,7 @@ class Checkpointer:
         self.dir = Path(cfg.dir) if cfg.dir else Path(run_dir) / "checkpoints"
         self.set_aside: List[Tuple[str, str]] = []  # (new path, reason) of checkpoints moved aside at resume
         self.last_saved_step = -1  # the step of the newest checkpoint this run saved or resumed from
+        self._last_save_clock = time.monotonic()  # checkpoint.every_minutes counts from here
         self._tracked = None  # (model, optimizer, trainer state) that the loop's calls save
         self._pending = None  # (future, tmp_dir, final_dir, trainer_state) of an async save
         # An async save runs its collectives from a background thread: on the default group they
@@ -216,12 +230,30 @@ class Checkpointer:
 
     def maybe_save(self, step: int, *, last: bool) -> bool:
         """After every step (collective): make a finished async save visible, then save if
-        checkpoint.every says so. Never at the last step, which `save_final` covers. True if saved."""
+        checkpoint.every or checkpoint.every_minutes says so. Never at the last step, which `save_final`
+        covers. True if saved."""
         self.poll()
-        if self.cfg.every and step % self.cfg.every == 0 and not last:
+        due = bool(self.cfg.every) and step % self.cfg.every == 0
+        if self._minutes_passed() and not due:
+            due = True
+        if due and not last:
             self.save_now(step)
             return True
         return False
+
+    def _minutes_passed(self) -> bool:
+        """Whether checkpoint.every_minutes have passed since the last save, by rank 0's clock (collective:
+        ranks' clocks and step times differ, and all must save at the same step)."""
+        if not self.cfg.every_minutes or self.cfg.every_minutes <= 0:
+            return False
+        passed = time.monotonic() - self._last_save_clock >= 60.0 * self.cfg.every_minutes
+        if self.env.distributed:
+            import torch.distributed as dist
+
+            flag = torch.tensor([1 if passed and self.env.is_main else 0], device=self.env.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            passed = bool(flag.item())
+        return passed
 
     def save_final(self, step: int, *, completed: bool) -> bool:
         """At the end: checkpoint.save_at_end on a completed run, unless this step is saved already;
@@ -253,6 +285,7 @@ class Checkpointer:
             return final
         self.wait()  # finish a pending async save first: checkpoints become visible in order
         self.last_saved_step = step
+        self._last_save_clock = time.monotonic()
         tmp = self.dir / f"{TMP_PREFIX}{step:08d}"
         error = None
         if self.env.is_main:
@@ -283,7 +316,8 @@ class Checkpointer:
             self._pending = (future, tmp, final, trainer_state)
             return final
         try:
-            dcp.save(state, checkpoint_id=str(tmp))  # a failure on any rank raises on every rank
+            with single_process_quiet():
+                dcp.save(state, checkpoint_id=str(tmp))  # a failure on any rank raises on every rank
         except (Exception, CheckpointException) as failure:  # noqa: BLE001 - CheckpointException is a BaseException
             self._agree(self._explain_own_failure(failure, tmp), tmp, final)
             self._fail(tmp, final, [f"{type(failure).__name__}: {failure}"], failure)  # if no rank said why
@@ -438,7 +472,8 @@ class Checkpointer:
             else:
                 model_state, optim_state = get_state_dict(model, optimizer)
                 state = {"model": model_state, "optim": optim_state}
-                dcp.load(state, checkpoint_id=str(path))
+                with single_process_quiet():
+                    dcp.load(state, checkpoint_id=str(path))
                 set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         except (Exception, CheckpointException) as error:  # noqa: BLE001 - verified files DCP still cannot read
             raise CorruptCheckpoint(f"cannot load {path} with DCP: {type(error).__name__}: {error}") from error
@@ -488,7 +523,8 @@ class Checkpointer:
                 loadable[name] = value
             else:
                 fresh.append(name)
-        dcp.load({"model": loadable}, checkpoint_id=str(path))
+        with single_process_quiet():
+            dcp.load({"model": loadable}, checkpoint_id=str(path))
         set_model_state_dict(model, loadable, options=StateDictOptions(strict=False))
         dropped = sorted(key[len("model."):] for key in stored if key.startswith("model.")
                          and key[len("model."):] not in current)

@@ -17,3 +17,7 @@ class IncompatibleCheckpoint(CheckpointError):
 
 class CheckpointSaveError(CheckpointError):
     """A save failed; its partial directory was removed and older checkpoints are intact."""
+
+
+class CheckpointDirectoryUnusable(CheckpointError):
+    """The checkpoint directory cannot be written, or has no room for one checkpoint, at the start of a run."""

@@ -16,6 +16,16 @@ an explicit `checkpoint.export_hf_dir` that holds files is refused at start-up
 The tokenizer is checked, never guessed: the one used is the recorded path (or the one given)
 and its sha256 must equal the recorded one.
 
+The checkpoint is verified before anything of it is read, as a resume verifies it
+(trainer/checkpoint/integrity.py): every file's size and sha256 against its integrity.json. A
+damaged checkpoint (a flipped byte in a tensor, a truncated shard, a missing integrity.json) is
+refused with `CorruptCheckpoint` naming the file; `verify=False` (`--no-verify`) checks the
+sizes only and accepts a checkpoint saved without checksums, knowingly.
+
+Exported files get the permissions of any file this process creates (0666 less the umask:
+0644 by default): the safetensors writer makes its file through a private temporary (0600),
+which would leave the weights unreadable to the rest of a team.
+
 `export_checkpoint` writes into an empty (or new) directory only: files an earlier export left
 there (added_tokens.json, special_tokens_map.json, chat_template.jinja, other shards) would be
 read by transformers together with the new ones. `overwrite=True` (`--overwrite`) empties the
@@ -26,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -34,6 +45,28 @@ import torch
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def verify_checkpoint(checkpoint: Path, verify: bool = True) -> None:
+    """Raise CorruptCheckpoint naming the damaged files unless `checkpoint` matches its integrity.json
+    (sizes and sha256; with verify=False the sizes, and a checkpoint without integrity.json passes)."""
+    from trainer.checkpoint.errors import CorruptCheckpoint
+    from trainer.checkpoint.integrity import verify_directory
+
+    problems = verify_directory(Path(checkpoint), hash_files=verify)
+    if problems:
+        shown = "; ".join(problems[:4]) + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
+        raise CorruptCheckpoint(f"checkpoint {checkpoint} is corrupt or incomplete: {shown}; not exporting it "
+                                "(choose another checkpoint of the run)")
+
+
+def make_readable(out_dir: Path) -> None:
+    """Give every file of `out_dir` the mode a new file of this process gets (0666 less the umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in Path(out_dir).iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
 
 
 def read_trainer_state(checkpoint: Path) -> dict:
@@ -63,7 +96,10 @@ def load_checkpoint_model(checkpoint: Path) -> torch.nn.Module:
         model = build_model(config)
     model.to_empty(device="cpu")
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint))  # reshards whatever the saving world size was
+    from trainer.checkpoint.checkpointer import single_process_quiet
+
+    with single_process_quiet():
+        dcp.load(state, checkpoint_id=str(checkpoint))  # reshards whatever the saving world size was
     model.load_state_dict(state["model"])
     return model.eval()
 
@@ -120,9 +156,10 @@ def empty_export_directory(out_dir: Path, overwrite: bool, overwrite_option: str
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str = "bfloat16",
-                      tokenizer: Optional[str | Path] = None, overwrite: bool = False) -> Path:
+                      tokenizer: Optional[str | Path] = None, overwrite: bool = False, verify: bool = True) -> Path:
     """Write a checkpoint as a Hugging Face directory with its tokenizer; returns out_dir.
 
+    The checkpoint is verified first (`verify_checkpoint`: CorruptCheckpoint names a damaged file).
     `out_dir` must be new or empty; `overwrite` empties it first (`empty_export_directory`)."""
     from trainer.hf.tokenizer import to_transformers
     from models.hf import export_hf
@@ -131,8 +168,11 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: str = "bfloat16",
     trainer_state = read_trainer_state(checkpoint)
     ours = checkpoint_tokenizer(trainer_state, tokenizer, where=f"checkpoint {checkpoint}")
     empty_export_directory(out_dir, overwrite)  # before the slow part: a refusal comes at once
+    verify_checkpoint(checkpoint, verify)  # before DCP unpickles .metadata or reads a tensor
     model = load_checkpoint_model(checkpoint)
-    return export_hf(model, out_dir, dtype=_dtype(dtype), tokenizer=to_transformers(ours))
+    exported = export_hf(model, out_dir, dtype=_dtype(dtype), tokenizer=to_transformers(ours))
+    make_readable(exported)
+    return exported
 
 
 END_OF_RUN_OVERWRITE = "checkpoint.export_hf_overwrite=true"
@@ -174,7 +214,9 @@ def export_at_end(model: torch.nn.Module, cfg, tokenizer, env, out_dir: Path) ->
     # Same names as HybridLM (QuantLinear keeps nn.Linear's); strict: any other name is an error.
     plain.load_state_dict({name: tensor.detach().to("cpu", torch.float32) for name, tensor in full.items()},
                           strict=True, assign=True)
-    return export_hf(plain.eval(), out_dir, dtype=dtype, tokenizer=to_transformers(tokenizer))
+    exported = export_hf(plain.eval(), out_dir, dtype=dtype, tokenizer=to_transformers(tokenizer))
+    make_readable(exported)
+    return exported
 
 
 def _dtype(name: str) -> torch.dtype:

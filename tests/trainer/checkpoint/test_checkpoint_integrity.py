@@ -132,10 +132,10 @@ def test_corrupt_latest_checkpoint_falls_back_and_training_matches_the_reference
 def test_on_corrupt_stop_names_the_checkpoint_and_touches_nothing(reference, tmp_path, data_cache):
     run_dir = _copy_run(reference, tmp_path)
     shard = _truncate_distcp(run_dir / "checkpoints" / "step_00000004")
-    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name != "trainer.lock")
     with pytest.raises(CorruptCheckpoint, match=re.escape(str(shard)) + ".*on_corrupt=stop"):
         train(compose_train_config(_overrides(data_cache, "checkpoint.on_corrupt=stop"), run_dir))
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name != "trainer.lock") == before
 
 
 def test_no_intact_checkpoint_stops_instead_of_starting_afresh(reference, tmp_path, data_cache):
@@ -223,11 +223,11 @@ def test_trainer_code_never_unpickles():
 # ----------------------------------------------------------------------------- another model
 def test_resume_into_another_model_stops_naming_both_values(reference, tmp_path, data_cache):
     run_dir = _copy_run(reference, tmp_path)
-    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name != "trainer.lock")
     cfg = compose_train_config(_overrides(data_cache, "model.pattern=M-M*", "checkpoint.keep=1"), run_dir)
     with pytest.raises(IncompatibleCheckpoint, match=r"model.pattern: checkpoint 'M-M\*M-', this run 'M-M\*'"):
         train(cfg)
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before  # nothing pruned
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name != "trainer.lock") == before  # nothing pruned
     cfg = compose_train_config(_overrides(data_cache, "model.hidden_size=48", "model.ffn_hidden_size=96"), run_dir)
     with pytest.raises(IncompatibleCheckpoint, match="model.hidden_size: checkpoint 64, this run 48"):
         train(cfg)
@@ -243,7 +243,7 @@ def test_allow_model_change_loads_what_matches_and_keeps_the_other_models_checkp
     changed = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] == "model_changed_on_resume"]
     assert len(changed) == 1 and any("model.pattern" in change for change in changed[0]["changes"])
     assert "layers.4.mixer.in_proj.weight" in changed[0]["dropped"] and changed[0]["initialized"] == []
-    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name != "trainer.lock")
     # keep=1 prunes among the 4-block checkpoints (6 went, 8 stays); the 6-block ones stay
     assert names == ["step_00000002", "step_00000004", "step_00000008"]
     assert read_trainer_state(run_dir / "checkpoints" / "step_00000008")["model_config"]["pattern"] == "M-M*"

@@ -16,7 +16,7 @@ from trainer_testing import FAULT_ENTRY, ROOT, losses_by_step, read_jsonl, run_c
 
 
 def _checkpoints(run_dir):
-    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name != "trainer.lock")
 
 
 def test_kill_during_save_resumes_from_previous_complete_checkpoint(tmp_path, data_cache):

@@ -49,7 +49,7 @@ def _events(run_dir, name):
 
 
 def _checkpoints(run_dir):
-    return sorted(path.name for path in (run_dir / "checkpoints").iterdir())
+    return sorted(path.name for path in (run_dir / "checkpoints").iterdir() if path.name != "trainer.lock")
 
 
 def test_another_tokenizer_or_corpus_is_refused_naming_both_unless_allowed(run_dir, data_cache):

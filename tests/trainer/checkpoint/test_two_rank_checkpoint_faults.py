@@ -73,5 +73,5 @@ def test_a_write_failing_on_rank_1_only_stops_both_ranks_and_commits_nothing(ref
         assert process.returncode != 0, output[-3000:]
         assert "CheckpointSaveError: saving checkpoint" in output and "step_00000006 failed: rank 1: file too " \
                "large" in output, (rank, output[-3000:])
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000002", "step_00000004"]
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name != "trainer.lock") == ["step_00000002", "step_00000004"]
     assert verify_directory(checkpoints / "step_00000004", hash_files=True) == []
