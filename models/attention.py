@@ -41,10 +41,12 @@ class Attention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         batch, seqlen, _ = hidden_states.shape
-        # (b, L, heads * hd) -> (b, heads, L, hd): SDPA's layout (a view, last dim contiguous).
-        q = self.q_proj(hidden_states).view(batch, seqlen, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden_states).view(batch, seqlen, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(hidden_states).view(batch, seqlen, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        # (b, L, heads * hd) -> (b, heads, L, hd): SDPA's layout (a view, last dim contiguous). The
+        # head counts come from the projections' widths: all heads, or a tensor-parallel rank's
+        # Hq/tp and Hkv/tp (query head i of the rank still reads its kv head i // (Hq / Hkv)).
+        q = self.q_proj(hidden_states).view(batch, seqlen, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(batch, seqlen, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(batch, seqlen, -1, self.head_dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads)
-        out = out.transpose(1, 2).reshape(batch, seqlen, self.num_heads * self.head_dim)
+        out = out.transpose(1, 2).reshape(batch, seqlen, -1)
         return self.o_proj(out)

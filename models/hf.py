@@ -10,6 +10,12 @@ NVIDIA's released ones, and what transformers' ``save_pretrained`` writes back â
 ``backbone.`` (transformers renames on load and save). We write ``backbone.*`` and read both.
 ``lm_head.weight`` has no prefix. Shapes are identical (conv1d weight (C, 1, K) included).
 
+Mamba-2 in_proj rows and conv1d channels: HF (and Megatron) store the canonical order, in_proj [z, x,
+B, C, dt] and conv [x, B, C]; ours is group-major (models.mamba2: per group [z_g, x_g, B_g, C_g,
+dt_g] and [x_g, B_g, C_g]). ``to_hf_state_dict`` (so ``export_hf``) permutes ours into HF's,
+``read_hf_state_dict`` (so ``import_hf`` and the trainer's ``checkpoint.init_from_hf``) HF's into
+ours (``mamba_to_group_major`` / ``mamba_to_canonical``); with one group nothing moves.
+
 Config fields: ours map one to one (table in ``hf_config_kwargs``). One semantic difference:
 transformers' NemotronH clamps dt = softplus(dt_raw + dt_bias) from below at its
 ``time_step_min`` in the forward, while Megatron and mamba_ssm (which train these models) do
@@ -31,6 +37,7 @@ import torch
 
 from models.config import ModelConfig
 from models.hybrid import HybridLM, build_model
+from models.mamba2 import conv_group_major_index, in_proj_group_major_index, inverse_index
 
 logger = logging.getLogger(__name__)
 
@@ -96,13 +103,47 @@ def hf_config_kwargs(cfg: ModelConfig) -> dict:
     return kwargs
 
 
+_MAMBA_PERMUTED = {"in_proj.weight": in_proj_group_major_index, "conv1d.weight": conv_group_major_index,
+                   "conv1d.bias": conv_group_major_index}
+"""Mamba-2 tensors whose dim 0 is stored group-major here and canonically in HF: name suffix -> index."""
+
+
+def _permute_mamba(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, to_hf: bool) -> dict[str, torch.Tensor]:
+    """``state_dict`` (our names) with every Mamba-2 in_proj / conv1d permuted along dim 0 (a new dict)."""
+    if cfg.mamba_num_groups == 1:
+        return dict(state_dict)  # one group: the orders coincide
+    out = dict(state_dict)
+    for i, symbol in enumerate(cfg.pattern):
+        if symbol != "M":
+            continue
+        for suffix, index_of in _MAMBA_PERMUTED.items():
+            name = f"layers.{i}.mixer.{suffix}"
+            if name in out:
+                index = index_of(cfg)
+                if to_hf:
+                    index = inverse_index(index)
+                out[name] = out[name][index.to(out[name].device)]
+    return out
+
+
+def mamba_to_group_major(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A state dict under our names with HF's canonical Mamba-2 layout -> ours (group-major); a new dict."""
+    return _permute_mamba(state_dict, cfg, to_hf=False)
+
+
+def mamba_to_canonical(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A state dict under our names in our group-major Mamba-2 layout -> HF's canonical one; a new dict."""
+    return _permute_mamba(state_dict, cfg, to_hf=True)
+
+
 def to_hf_state_dict(
     model: HybridLM, dtype: torch.dtype | None = None, prefix: str = "model."
 ) -> dict[str, torch.Tensor]:
-    """Our state dict under NemotronH names (``prefix`` as in ``to_hf_key``), detached,
-    contiguous, optionally cast to ``dtype``."""
+    """Our state dict under NemotronH names (``prefix`` as in ``to_hf_key``) and in HF's Mamba-2
+    layout (in_proj and conv1d permuted from group-major), detached, contiguous, optionally cast to
+    ``dtype``."""
     out = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in mamba_to_canonical(model.state_dict(), model.config).items():
         tensor = tensor.detach()
         if dtype is not None:
             tensor = tensor.to(dtype)
@@ -257,15 +298,19 @@ def read_hf_model_config(path: str | os.PathLike) -> ModelConfig:
 
 
 def read_hf_state_dict(
-    path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    cfg: ModelConfig | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The weights of a Hugging Face NemotronH directory under our names, cast to ``dtype``;
-    multi-token-prediction weights (``mtp.*``), which transformers also ignores, are skipped."""
-    return {
+    """The weights of a Hugging Face NemotronH directory under our names and in our layout (Mamba-2
+    in_proj and conv1d permuted to group-major, by ``cfg`` or else the directory's config.json), cast
+    to ``dtype``; multi-token-prediction weights (``mtp.*``), which transformers also ignores, are skipped."""
+    path = Path(path)
+    state_dict = {
         from_hf_key(name): tensor.to(device=device, dtype=dtype)
-        for name, tensor in _load_safetensors(Path(path)).items()
+        for name, tensor in _load_safetensors(path).items()
         if not name.startswith("mtp.")
     }
+    return mamba_to_group_major(state_dict, cfg if cfg is not None else read_hf_model_config(path))
 
 
 def import_hf(
@@ -284,7 +329,7 @@ def import_hf(
     cfg = read_hf_model_config(path)
     if config_overrides:
         cfg = ModelConfig(**{**cfg.__dict__, **config_overrides}).validate()
-    state_dict = read_hf_state_dict(path, dtype=dtype, device=device)
+    state_dict = read_hf_state_dict(path, dtype=dtype, device=device, cfg=cfg)
     with torch.device("meta"):
         model = build_model(cfg)
     # assign=True adopts the loaded tensors as parameters; strict=True names any missing or

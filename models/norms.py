@@ -15,6 +15,10 @@ computed in fp32 and cast to x's dtype (mamba_ssm's kernel does the same). On CU
 mamba_ssm's Triton ``rmsnorm_fn`` runs it (one fused pass forward and backward) when
 ``backend`` resolves to 'triton'; ``gated_rms_norm_reference`` is the torch path and the
 reference the kernel is tested against.
+
+Under tensor parallelism (trainer/tensor_parallel.py) a weight may be a DTensor: a block norm's is
+replicated and normalises the rank's share of the tokens, the gated norm's is the rank's groups.
+Both compute with ``local_tensor(weight)``, the rank's own values (differentiable).
 """
 
 from __future__ import annotations
@@ -24,6 +28,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.kernels import mamba_ssm_triton, resolve_backend
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch built without torch.distributed: no DTensor can exist
+    DTensor = ()
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's values of a DTensor parameter (``to_local()``, differentiable); any other tensor as is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 class RMSNorm(nn.Module):
@@ -38,10 +52,11 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        weight = local_tensor(self.weight)
+        if x.dtype == torch.float32 and weight.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, self.eps)
         # Low-precision activations: normalise and scale in fp32, then cast back.
-        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
+        return F.rms_norm(x.float(), weight.shape, weight.float(), self.eps).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -74,11 +89,12 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """x: (..., D) SSM output; gate: (..., D) (z, may be a strided view of in_proj's output)."""
+        weight = local_tensor(self.weight)  # under tensor parallelism: this rank's groups
         if resolve_backend(self.backend, x.device, "gated_norm_backend") == "triton":
             return mamba_ssm_triton.gated_rmsnorm(
-                x, self.weight, None, z=gate, eps=self.eps, group_size=self.group_size, norm_before_gate=False
+                x, weight, None, z=gate, eps=self.eps, group_size=self.group_size, norm_before_gate=False
             )
-        return gated_rms_norm_reference(x, gate, self.weight, self.group_size, self.eps)
+        return gated_rms_norm_reference(x, gate, weight, self.group_size, self.eps)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, group_size={self.group_size}, eps={self.eps}, backend={self.backend}"

@@ -49,6 +49,12 @@ Under ``torch.compile`` the layer traces whole inside compiled blocks: the quant
 are custom ops opaque to Inductor (``kernels.fp8.block_quantize_op`` and ``tensor_quantize_op``,
 ``scaled_gemm``). Not done here: weight quantization is not cached across micro-batches.
 
+Tensor parallelism (``QuantizedLinear.set_tensor_parallel``): the GEMMs take the weight's local shard;
+a per-tensor (fp8_tensor) operand the layer's ``amax_reduction`` names takes the group's amax
+(``quantized_linear.group_amax``) through the torch reference, on CUDA too (the kernel takes its own
+amax pass), so a sharded layer's codes are the unsharded layer's. Blockwise FP8 has no per-tensor
+scale: each shard of whole 128-blocks quantizes as the whole already.
+
 Sources: TE ``transformer_engine/common/recipe/recipe_common.cuh`` and ``Float8BlockScaling``;
 PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` and ``test/test_scaled_matmul_cuda.py``
 (``test_scaled_mm_block_wise_numerics``: the scale layouts); DeepSeek-V3 technical report.
@@ -61,11 +67,14 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from models.norms import local_tensor
+from models.quant import formats
 from models.quant.element_formats import GEMMS
 from models.quant.fp8_operand import BLOCK, KINDS, Fp8Operand, gemm_layout_scales, quantize_reference  # noqa: F401
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, fp8_block_linear_spec
 from models.quant.kernels import fp8 as fp8_kernels
-from models.quant.quantized_linear import QuantizedLinear, high_precision_gemm
+from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, group_amax, high_precision_gemm,
+                                           with_amax_rows)
 
 # (A kind, B kind) pairs a native GEMM takes: cuBLASLt's blockwise combinations, and per tensor.
 SUPPORTED_PAIRS = (("1x128", "128x128"), ("1x128", "1x128"), ("128x128", "1x128"), ("tensor", "tensor"))
@@ -158,8 +167,16 @@ def check_spec(spec: LinearSpec, name: str = "") -> None:
                              f"({gemm_spec.describe()}); supported: {', '.join(' x '.join(p) for p in SUPPORTED_PAIRS)}")
 
 
+def _tensor_reference_with_group_amax(tensor: torch.Tensor, group) -> Fp8Operand:
+    """fp8_tensor codes of ``tensor`` [R, C] scaled by the group's amax (``quantize_reference``'s numbers
+    for the whole sharded tensor: the appended row raises the amax, ``with_amax_rows``)."""
+    matrix = with_amax_rows(tensor.contiguous(), group_amax(tensor, group), 1)
+    quantized = formats.quantize(matrix, "fp8_tensor")
+    return Fp8Operand(quantized.codes[: tensor.shape[0]], gemm_layout_scales(quantized.tensor_scale, "tensor"), "tensor")
+
+
 def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns: Optional[OperandSpec], *,
-                      name: str = "") -> Tuple[Optional[Fp8Operand], Optional[Fp8Operand]]:
+                      name: str = "", amax_group=None) -> Tuple[Optional[Fp8Operand], Optional[Fp8Operand]]:
     """Quantize tensor [R, C] as the operand ``tensor`` (blocks along C, spec ``rows``) and/or
     ``tensor^T`` (blocks along R, spec ``columns``), each from the high-precision values.
 
@@ -167,16 +184,22 @@ def quantize_operands(tensor: torch.Tensor, rows: Optional[OperandSpec], columns
     128x128-tiled tensor, two passes for 1x128: ``kernels.options.Fp8Options``), else the torch reference;
     per tensor: an amax, then the same kernel for both orientations (dims that divide by 128), else
     the torch reference with its codes transposed for the second orientation (the same numbers as
-    quantizing the transpose).
+    quantizing the transpose). ``amax_group``: a process group whose amax a per-tensor scale takes
+    (tensor parallelism; the torch reference then runs).
     """
     rows_kind = operand_kind(rows, f"{name}: ") if rows is not None else None
     columns_kind = operand_kind(columns, f"{name}: ") if columns is not None else None
     if rows_kind is None and columns_kind is None:
         return None, None
     if rows_kind is not None and columns_kind is not None and rows_kind != columns_kind:
-        return quantize_operands(tensor, rows, None, name=name)[0], quantize_operands(tensor, None, columns, name=name)[1]
+        return (quantize_operands(tensor, rows, None, name=name, amax_group=amax_group)[0],
+                quantize_operands(tensor, None, columns, name=name, amax_group=amax_group)[1])
     kind = rows_kind or columns_kind
     if kind == "tensor":
+        if amax_group is not None:
+            operand = _tensor_reference_with_group_amax(tensor, amax_group)
+            transposed = Fp8Operand(operand.data.t().contiguous(), operand.scale, "tensor") if columns is not None else None
+            return (operand if rows is not None else None), transposed
         if fp8_kernels.supports(tensor) and fp8_kernels.supports_tensor_shape(tensor.shape, columns is not None):
             # While compiling, an op opaque to Inductor (fp8_kernels: pytorch#189271).
             row_codes, col_codes, decode = fp8_kernels.tensor_quantize(
@@ -265,7 +288,8 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
     """Y = X W^T with the quantized GEMMs native; high-precision GEMMs as the emulated path runs them."""
 
     @staticmethod
-    def forward(ctx, x, weight, spec: LinearSpec, name: str, compute_dtype: torch.dtype, grad_enabled: bool):
+    def forward(ctx, x, weight, spec: LinearSpec, name: str, compute_dtype: torch.dtype, grad_enabled: bool,
+                amax: Optional[AmaxReduction] = None):
         x2 = x.reshape(-1, x.shape[-1])  # [T, K]
         needs_dgrad = grad_enabled and ctx.needs_input_grad[0]
         needs_wgrad = grad_enabled and ctx.needs_input_grad[1]
@@ -275,15 +299,15 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
         # inside the autograd function makes Dynamo's tracing flip the global autocast state.
         # X [T, K]: rowwise for Fprop, X^T [K, T] along tokens for Wgrad, one kernel call.
         x_op, x_t_op = quantize_operands(x2, spec.fprop.a if spec.fprop else None, wgrad.b if wgrad else None,
-                                         name=f"{name} (X)")
+                                         name=f"{name} (X)", amax_group=_group(amax, "Fprop X", "Wgrad X^T"))
         # W [N, K]: for Fprop, and W^T [K, N] for Dgrad (128x128: the same tiles), once per forward.
         w_op, w_t_op = quantize_operands(weight, spec.fprop.b if spec.fprop else None, dgrad.b if dgrad else None,
-                                         name=f"{name} (W)")
+                                         name=f"{name} (W)", amax_group=_group(amax, "Fprop W", "Dgrad W^T"))
         if spec.fprop is None:
             out = high_precision_gemm(x2, weight, compute_dtype)
         else:
             out = fp8_gemm(x_op, w_op, compute_dtype)
-        ctx.spec, ctx.name, ctx.compute_dtype = spec, name, compute_dtype
+        ctx.spec, ctx.name, ctx.compute_dtype, ctx.amax = spec, name, compute_dtype, amax
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.needs = (needs_dgrad, needs_wgrad)
         ctx.kinds = (w_t_op.kind if w_t_op else None, x_t_op.kind if x_t_op else None)
@@ -313,7 +337,7 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
         wgrad = spec.wgrad if needs_wgrad else None
         # dY [T, N]: rowwise for Dgrad, dY^T [N, T] along tokens for Wgrad, one kernel call.
         dy_op, dy_t_op = quantize_operands(dy, dgrad.a if dgrad else None, wgrad.a if wgrad else None,
-                                           name=f"{name} (dY)")
+                                           name=f"{name} (dY)", amax_group=_group(ctx.amax, "Dgrad dY", "Wgrad dY^T"))
         if needs_dgrad:
             if dgrad is None:
                 grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
@@ -326,7 +350,15 @@ class _TorchFp8LinearFunction(torch.autograd.Function):
             else:
                 grad_weight = fp8_gemm(dy_t_op, Fp8Operand(x_t_data, x_t_scale, x_t_kind), compute_dtype)
             grad_weight = grad_weight.to(ctx.weight_dtype)
-        return grad_x, grad_weight, None, None, None, None
+        return grad_x, grad_weight, None, None, None, None, None
+
+
+def _group(amax: Optional[AmaxReduction], *names: str):
+    """The process group whose amax a tensor's per-tensor scale takes, if the layer's tensor-parallel
+    reduction names its operands (the two orientations of one tensor are sharded alike), else None."""
+    if amax is None or not any(name in amax.operands for name in names):
+        return None
+    return amax.group
 
 
 class TorchFp8Linear(QuantizedLinear):
@@ -362,11 +394,12 @@ class TorchFp8Linear(QuantizedLinear):
     def check_input(self, x: torch.Tensor) -> None:
         super().check_input(x)
         # Per-tensor FP8 GEMMs (torch._scaled_mm) need every dim but the output rows to divide by 16.
-        tokens = x.numel() // self.in_features
+        in_features, out_features = self.local_features()
+        tokens = x.numel() // in_features
         running = self.gemms_to_check(x)
-        dims = {"fprop": (("in_features", self.in_features), ("out_features", self.out_features)),
-                "dgrad": (("out_features", self.out_features), ("in_features", self.in_features)),
-                "wgrad": (("tokens", tokens), ("in_features", self.in_features))}
+        dims = {"fprop": (("in_features", in_features), ("out_features", out_features)),
+                "dgrad": (("out_features", out_features), ("in_features", in_features)),
+                "wgrad": (("tokens", tokens), ("in_features", in_features))}
         for gemm in GEMMS:
             gemm_spec = getattr(running, gemm)
             if gemm_spec is None or gemm_spec.a.fmt != "fp8_tensor":
@@ -386,7 +419,8 @@ class TorchFp8Linear(QuantizedLinear):
         # The name only labels errors; compiled, it is left out: an argument of the autograd
         # function is a constant Dynamo guards on, so every layer would compile its own graph.
         name = "<compiled layer>" if torch.compiler.is_compiling() else self.name
-        return _TorchFp8LinearFunction.apply(x, self.weight, self.spec, name, compute_dtype, torch.is_grad_enabled())
+        return _TorchFp8LinearFunction.apply(x, local_tensor(self.weight), self.spec, name, compute_dtype,
+                                             torch.is_grad_enabled(), self.amax_reduction)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, native FP8"

@@ -40,6 +40,13 @@ unless ``models.quant.kernels.use_triton(False)``; the layer holds no format's n
 
 Shapes are checked in the forward, so a layer that does not divide its blocks fails at once, with
 an error naming the layer, the GEMM, the operand and the dim. Nothing is padded.
+
+Tensor parallelism (``QuantizedLinear.set_tensor_parallel``): the GEMMs run on the local shard of the
+weight; an operand the layer's ``amax_reduction`` names, in a format with a per-tensor scale, is
+quantized with the group's amax (``quantized_linear.group_amax``, taken after the RHT when there is
+one) and so exactly as the unsharded layer quantizes that slice. Such operands take the torch
+reference on CUDA too: the kernels take their own amax pass (a kernel path would pass the reduced
+amax as their precomputed scales, not done).
 """
 
 from __future__ import annotations
@@ -50,11 +57,13 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from models.norms import local_tensor
 from models.quant import formats
 from models.quant.bf16_rounding import round_to_bf16_by_bits
 from models.quant.format_registry import quantize_kernel
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec
-from models.quant.quantized_linear import QuantizedLinear, high_precision_gemm
+from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, group_amax, high_precision_gemm,
+                                           with_amax_rows)
 from models.quant.rht import rht
 
 # ----------------------------------------------------------------------------------------------
@@ -151,18 +160,22 @@ def _quantize_operand(
     rng: RoundingRng,
     name: str,
     shared_scales: Optional[torch.Tensor] = None,
+    amax: Optional[AmaxReduction] = None,
 ) -> _Operand:
     """Quantize the operand matrix ``tensor.t() if transpose else tensor`` along its last dim.
 
     ``name`` labels the operand in errors ('Fprop X', ...): a constant, so torch.compile does not
     specialize on the layer (the layer's own checks, which name it, ran in the forward).
     ``shared_scales``: ``_shared_scales(tensor, ...)``, taken by the kernels instead of a pass of their own.
+    ``amax``: the layer's tensor-parallel amax reduction; when it applies to this operand, the per-tensor
+    scale comes from the group's amax (the torch path, module docstring).
     """
     exact = _scaled_values_exact(spec, compute_dtype)
     values_dtype = compute_dtype if exact else torch.float32
     seeded = spec.rounding == "stochastic" and isinstance(rng, torch.Tensor)
     generator = rng if isinstance(rng, torch.Generator) else None
-    family = _use_kernel(tensor, spec, transpose)
+    reduce_amax = amax is not None and amax.applies(name, spec.fmt)
+    family = None if reduce_amax else _use_kernel(tensor, spec, transpose)
     if family is not None:
         seed = _operand_seed(rng, name) if seeded else None
         values, decode = family.quantize_operand(tensor, spec, transpose=transpose, seed=seed, generator=generator,
@@ -178,6 +191,9 @@ def _quantize_operand(
             generator = _torch_generator(rng, name)
         if spec.rht:
             matrix = rht(matrix, name=name)
+        rows = matrix.shape[0]
+        if reduce_amax:  # the group's amax (of the transformed values, as the format would take it)
+            matrix = with_amax_rows(matrix, group_amax(matrix, amax.group), spec.tile[0] if spec.tile else 1)
         # The values q * s_b only (no element codes): bit for bit quantize(...).scaled_values().
         values, decode = formats.quantize_scaled_values(
             matrix,
@@ -190,6 +206,8 @@ def _quantize_operand(
             dtype=values_dtype,
             four_over_six=spec.four_over_six,
         )
+        if reduce_amax:
+            values = values[:rows]
         if tile_then_transpose:
             values = values.t()
     if not exact and decode is not None:
@@ -265,36 +283,44 @@ def _use_epilogue_kernel(out: torch.Tensor, compute_dtype: torch.dtype, result_d
 def _quantize_pair(a: torch.Tensor, b: torch.Tensor, gemm: GemmSpec, transpose: Tuple[bool, bool],
                    names: Tuple[str, str], compute_dtype: torch.dtype, rng: RoundingRng,
                    shared_scales: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None),
-                   ) -> Tuple[_Operand, _Operand]:
+                   amax: Optional[AmaxReduction] = None) -> Tuple[_Operand, _Operand]:
     """Both operands of one GEMM, quantized as ``gemm`` says (a first: the order of the random draws)."""
     a_op = _quantize_operand(a, gemm.a, transpose=transpose[0], compute_dtype=compute_dtype, rng=rng,
-                             name=names[0], shared_scales=shared_scales[0])
+                             name=names[0], shared_scales=shared_scales[0], amax=amax)
     b_op = _quantize_operand(b, gemm.b, transpose=transpose[1], compute_dtype=compute_dtype, rng=rng,
-                             name=names[1], shared_scales=shared_scales[1])
+                             name=names[1], shared_scales=shared_scales[1], amax=amax)
     return a_op, b_op
+
+
+def _reduced(amax: Optional[AmaxReduction], *names: str) -> bool:
+    """Whether the tensor-parallel amax reduction names any of these operands (their kernels' shared
+    scales are then not taken)."""
+    return amax is not None and any(name in amax.operands for name in names)
 
 
 class QuantLinearFunction(torch.autograd.Function):
     """Y = X W^T with emulated quantized GEMMs; see the module docstring for the op order."""
 
     @staticmethod
-    def forward(ctx, x, weight, spec: LinearSpec, rng: RoundingRng, compute_dtype, grad_enabled: bool = True):
+    def forward(ctx, x, weight, spec: LinearSpec, rng: RoundingRng, compute_dtype, grad_enabled: bool = True,
+                amax: Optional[AmaxReduction] = None):
         x2 = x.reshape(-1, x.shape[-1])
         # X's global scales for Fprop and Wgrad from one read, when both take the kernels and a
         # backward will run (grad mode is passed in: inside forward it is always off, and
         # needs_input_grad ignores it, so under no_grad the pass would be taken for nothing).
         x_scales = None
-        if spec.fprop is not None and spec.wgrad is not None and grad_enabled and ctx.needs_input_grad[1]:
+        if spec.fprop is not None and spec.wgrad is not None and grad_enabled and ctx.needs_input_grad[1] \
+                and not _reduced(amax, "Fprop X", "Wgrad X^T"):
             x_scales = _shared_scales(x2, spec.fprop.a, spec.wgrad.b)
         if spec.fprop is None:
             out = high_precision_gemm(x2, weight, compute_dtype)
             saved_weight = None
         else:
             x_op, w_op = _quantize_pair(x2, weight, spec.fprop, (False, False), ("Fprop X", "Fprop W"),
-                                        compute_dtype, rng, shared_scales=(x_scales, None))
+                                        compute_dtype, rng, shared_scales=(x_scales, None), amax=amax)
             out = _gemm(x_op, w_op, compute_dtype)
             saved_weight = w_op if spec.reuses_forward_weight else None
-        ctx.spec, ctx.compute_dtype = spec, compute_dtype
+        ctx.spec, ctx.compute_dtype, ctx.amax = spec, compute_dtype, amax
         # A seed tensor is saved like any tensor (torch.compile traces it); a Generator rides on ctx.
         ctx.seed_saved = isinstance(rng, torch.Tensor)
         ctx.generator = None if ctx.seed_saved else rng
@@ -321,11 +347,12 @@ class QuantLinearFunction(torch.autograd.Function):
         extra = saved[3:] if ctx.seed_saved else saved[2:]
         x_scales = extra[-1] if ctx.has_x_scales else None
         spec: LinearSpec = ctx.spec
-        compute_dtype = ctx.compute_dtype
+        compute_dtype, amax = ctx.compute_dtype, ctx.amax
         dy = grad_output.reshape(-1, grad_output.shape[-1])
         # dY's global scales for Dgrad and Wgrad from one read, when both take the kernels.
         dy_scales = None
-        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and spec.dgrad is not None and spec.wgrad is not None:
+        if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and spec.dgrad is not None and spec.wgrad is not None \
+                and not _reduced(amax, "Dgrad dY", "Wgrad dY^T"):
             dy_scales = _shared_scales(dy, spec.dgrad.a, spec.wgrad.a)
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
@@ -334,7 +361,7 @@ class QuantLinearFunction(torch.autograd.Function):
             else:
                 dy_op = _quantize_operand(
                     dy, spec.dgrad.a, transpose=False, compute_dtype=compute_dtype, rng=rng,
-                    name="Dgrad dY", shared_scales=dy_scales,
+                    name="Dgrad dY", shared_scales=dy_scales, amax=amax,
                 )
                 if ctx.has_saved_weight:
                     # The same quantized W as Fprop: [N, K] blocked 16x16, used as W^T [K, N].
@@ -343,7 +370,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 else:
                     w_t_op = _quantize_operand(
                         weight, spec.dgrad.b, transpose=True, compute_dtype=compute_dtype,
-                        rng=rng, name="Dgrad W^T",
+                        rng=rng, name="Dgrad W^T", amax=amax,
                     )
                 grad_x = _gemm(dy_op, w_t_op, compute_dtype)
             grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
@@ -352,10 +379,10 @@ class QuantLinearFunction(torch.autograd.Function):
                 grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
             else:
                 dy_t_op, x_t_op = _quantize_pair(dy, x2, spec.wgrad, (True, True), ("Wgrad dY^T", "Wgrad X^T"),
-                                                 compute_dtype, rng, shared_scales=(dy_scales, x_scales))
+                                                 compute_dtype, rng, shared_scales=(dy_scales, x_scales), amax=amax)
                 grad_weight = _gemm(dy_t_op, x_t_op, compute_dtype, result_dtype=weight.dtype)
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_x, grad_weight, None, None, None, None
+        return grad_x, grad_weight, None, None, None, None, None
 
 
 class QuantLinear(QuantizedLinear):
@@ -374,5 +401,5 @@ class QuantLinear(QuantizedLinear):
         super().check_input(x)
 
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-        return QuantLinearFunction.apply(x, self.weight, self.spec, self.rounding_rng(), compute_dtype,
-                                         torch.is_grad_enabled())
+        return QuantLinearFunction.apply(x, local_tensor(self.weight), self.spec, self.rounding_rng(), compute_dtype,
+                                         torch.is_grad_enabled(), self.amax_reduction)

@@ -18,6 +18,12 @@
   the H200's NVFP4 study step took 179.6 ms with per-layer generators against 111.4 ms without)
   nor a CUDA graph, while a tensor written between steps can. Each operand then offsets the seed
   by a constant of its own (``models.quant.linear``).
+- tensor parallelism (``set_tensor_parallel``, called by trainer/tensor_parallel.py): the weight
+  may be a DTensor whose local shard the GEMMs take (``local_tensor``); the per-tensor amax of the
+  operands that are sharded over the group (``TP_AMAX_OPERANDS`` by role) is the group's maximum
+  (``group_amax``, the one place it is reduced), so a sharded layer quantizes exactly as the
+  unsharded one when each shard holds whole blocks (the pass checks that); and the stochastic-rounding
+  seed mixes in the tensor-parallel rank.
 A subclass implements ``quantized_matmul(x, compute_dtype)`` (an autograd function over x and the
 weight): ``models.quant.linear.QuantLinear`` (emulated), ``models.quant.fp8_torch.TorchFp8Linear``
 (native FP8 through torch's scaled matmul). Transformer Engine's layers are TE's own modules
@@ -32,13 +38,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.quant.format_registry import GEMMS
+from models.norms import local_tensor
+from models.quant.format_registry import FORMAT_SPECS, GEMMS
 from models.quant.gemm_spec import LinearSpec, check_linear_shapes
 
 
@@ -67,12 +75,73 @@ SEED_BITS = 62
 """``sr_seed`` holds values below 2^62, so a seed plus an operand's 32-bit offset stays an int64."""
 
 
-def mix_seed(seed: int, layer: int, step: int, rank: int, micro_step: int = 0) -> int:
-    """A 63-bit seed from the run seed, layer index, step, rank and micro-batch (splitmix-style mixing)."""
+def mix_seed(seed: int, layer: int, step: int, rank: int, micro_step: int = 0, tp_rank: int = 0) -> int:
+    """A 63-bit seed from the run seed, layer index, step, rank, micro-batch and tensor-parallel rank
+    (splitmix-style mixing; ``tp_rank`` 0 gives the seed of a run without tensor parallelism)."""
     value = (seed * 0x9E3779B97F4A7C15 + layer * 0xBF58476D1CE4E5B9 + step * 0x94D049BB133111EB + rank
-             + micro_step * 0xD6E8FEB86659FD93) % (1 << 64)
+             + micro_step * 0xD6E8FEB86659FD93 + tp_rank * 0x2545F4914F6CDD1D) % (1 << 64)
     value ^= value >> 31
     return value % (1 << 63)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensor parallelism: the per-tensor amax of sharded operands
+
+TP_AMAX_OPERANDS = {
+    # W [N/tp, K] and the output's columns (dY [T, N/tp], dY^T [N/tp, T]) are the rank's; X [T, K]
+    # (sequence-gathered) and so X^T are the same on every rank.
+    "column": frozenset({"Fprop W", "Dgrad W^T", "Dgrad dY", "Wgrad dY^T"}),
+    # W [N, K/tp] and the input's columns (X [T, K/tp], X^T [K/tp, T]) are the rank's; dY [T, N]
+    # (the output's gradient, sequence-gathered) and so dY^T are the same on every rank.
+    "row": frozenset({"Fprop X", "Fprop W", "Dgrad W^T", "Wgrad X^T"}),
+    # A replicated weight on the rank's share of the tokens (the LM head under sequence parallelism):
+    # every activation and gradient operand is a slice of the tokens, W is the same everywhere.
+    "sequence": frozenset({"Fprop X", "Dgrad dY", "Wgrad dY^T", "Wgrad X^T"}),
+}
+"""Tensor-parallel role of a layer -> the operands (``models.quant.linear.OPERAND_NAMES``) whose
+per-tensor amax is reduced over the tensor-parallel group."""
+
+
+@dataclass(frozen=True)
+class AmaxReduction:
+    """Which operands of a layer take the group's amax, and over which process group."""
+
+    group: object
+    """The torch.distributed ProcessGroup (the tensor-parallel group)."""
+    operands: frozenset
+
+    def applies(self, name: str, fmt: str) -> bool:
+        """Whether operand ``name`` ('Fprop W', ...) quantized to element format ``fmt`` takes the
+        group's amax: it is sharded and the format has a per-tensor scale (NVFP4, FP8 per tensor;
+        block formats without one quantize each shard exactly as the whole already)."""
+        return name in self.operands and FORMAT_SPECS[fmt].amax_pass
+
+
+def group_amax(tensor: torch.Tensor, group) -> torch.Tensor:
+    """max |tensor| over every rank of ``group`` (fp32 [1]): where a sharded operand's per-tensor amax
+    is reduced (MAX), the one place. A NaN counts as +Inf (a max may drop NaN), so a non-finite value on
+    any rank makes every rank's decode scale NaN, as the unsharded tensor's would be."""
+    import torch.distributed._functional_collectives as funcol
+
+    amax = torch.linalg.vector_norm(tensor, float("inf"), dtype=torch.float32).reshape(1)
+    amax = torch.nan_to_num(amax, nan=float("inf"), posinf=float("inf"))
+    return funcol.wait_tensor(funcol.all_reduce(amax, "max", group))
+
+
+def with_amax_rows(matrix: torch.Tensor, amax: torch.Tensor, rows: int) -> torch.Tensor:
+    """``matrix`` [R, C] with ``rows`` rows appended (a whole tile's height) whose first value is ``amax``.
+
+    The torch formats take a tensor's amax as the max of its blocks: the appended tile raises it to
+    ``amax`` (the group's, >= every |value| here; exact in the matrix's dtype, being one of the group's
+    values or +Inf) and leaves every other block's scale and values as they are. The caller drops
+    the appended rows of the result (``[:R]``). A copy of the operand (the torch path only), in its memory
+    order: a transposed (column-major) operand stays one, so the quantized values and the GEMM see the
+    layout they see without tensor parallelism."""
+    block = matrix.new_zeros(rows, matrix.shape[1])
+    block[0, 0] = amax.to(matrix.dtype)[0]
+    if not matrix.is_contiguous() and matrix.t().is_contiguous():
+        return torch.cat([matrix.t(), block.t()], dim=1).t()
+    return torch.cat([matrix, block])
 
 
 class QuantizedLinear(nn.Linear):
@@ -119,6 +188,8 @@ class QuantizedLinear(nn.Linear):
         self.layer = 0
         self.step = 0
         self.rank = 0
+        self.tp_rank = 0  # the tensor-parallel rank, mixed into the seed (set_tensor_parallel)
+        self.amax_reduction: Optional[AmaxReduction] = None  # under tensor parallelism (set_tensor_parallel)
         self.generator: Optional[torch.Generator] = None
         # int64 [1] on the weight's device; a buffer, so torch.compile takes it as a graph input
         # (the values written between micro-batches reach the compiled code); not in state_dict.
@@ -136,6 +207,22 @@ class QuantizedLinear(nn.Linear):
         if unknown:
             raise ValueError(f"layer {self.name!r}: unknown GEMMs {unknown}; expected a subset of {GEMMS}")
         self.spec = dataclasses.replace(self.spec, **{gemm: None for gemm in gemms})
+
+    def set_tensor_parallel(self, role: str, group, tp_rank: int) -> None:
+        """Shard this layer over a tensor-parallel group: ``role`` 'column' (W sharded along out_features),
+        'row' (along in_features) or 'sequence' (W replicated, the input the rank's share of the tokens).
+
+        The operands sharded in that role take the group's per-tensor amax (``TP_AMAX_OPERANDS``), so
+        with round-to-nearest every quantized value is the one the unsharded layer computes for that
+        slice (given whole blocks per shard, which trainer/tensor_parallel.py checks). Stochastic
+        rounding mixes ``tp_rank`` into the seed, so the shards draw independently: an SR run under
+        tensor parallelism is not bit-identical to the unsharded run (its RNE operands are).
+        """
+        if role not in TP_AMAX_OPERANDS:
+            raise ValueError(f"layer {self.name!r}: tensor-parallel role must be one of {tuple(TP_AMAX_OPERANDS)}, "
+                             f"got {role!r}")
+        self.amax_reduction = AmaxReduction(group, TP_AMAX_OPERANDS[role])
+        self.tp_rank = int(tp_rank)  # in the seed from the next set_step on
 
     def set_seed(self, seed: int, layer: int = 0) -> None:
         """The run's seed and this layer's index, from which ``set_step`` derives each step's draws."""
@@ -155,7 +242,7 @@ class QuantizedLinear(nn.Linear):
         device = self.weight.device
         if self.sr_seed is None or self.sr_seed.device != device:
             self.sr_seed = torch.zeros(1, dtype=torch.int64, device=device)
-        seed = mix_seed(self.seed, self.layer, self.step, self.rank, micro_step) % (1 << SEED_BITS)
+        seed = mix_seed(self.seed, self.layer, self.step, self.rank, micro_step, self.tp_rank) % (1 << SEED_BITS)
         self.sr_seed.fill_(seed)
 
     def rounding_rng(self):
@@ -173,26 +260,35 @@ class QuantizedLinear(nn.Linear):
         """The GEMMs whose operands the forward checks (default: all that the spec quantizes)."""
         return self.spec
 
+    def local_features(self):
+        """(in_features, out_features) of the GEMMs this rank runs: the local weight's (a tensor-parallel
+        shard's), else the layer's."""
+        weight = local_tensor(self.weight)
+        return weight.shape[1], weight.shape[0]
+
     def check_input(self, x: torch.Tensor) -> None:
         """ValueError naming the layer if x does not fit the quantized GEMMs."""
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"layer {self.name!r}: input last dim {x.shape[-1]} != in_features {self.in_features}")
-        tokens = x.numel() // self.in_features
-        check_linear_shapes(self.gemms_to_check(x), tokens, self.in_features, self.out_features, self.name)
+        in_features, out_features = self.local_features()
+        if x.shape[-1] != in_features:
+            raise ValueError(f"layer {self.name!r}: input last dim {x.shape[-1]} != in_features {in_features}")
+        tokens = x.numel() // in_features
+        check_linear_shapes(self.gemms_to_check(x), tokens, in_features, out_features, self.name)
 
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
         """x [..., K] times W^T with the spec's quantized GEMMs -> [..., N] in the compute dtype (the backend)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement quantized_matmul")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Under tensor parallelism the weight (and bias) are DTensors: the GEMMs take the local shard.
+        bias = local_tensor(self.bias) if self.bias is not None else None
         if not self.spec.quantized:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, local_tensor(self.weight), bias)
         self.check_input(x)
         compute_dtype = self.compute_dtype(x)
         with autocast_off(x.device.type):
             out = self.quantized_matmul(x, compute_dtype)
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
+        if bias is not None:
+            out = out + bias.to(out.dtype)
         return out
 
     def extra_repr(self) -> str:

@@ -55,11 +55,15 @@ def test_export_loads_in_transformers_with_same_logits_and_weights(tmp_path, ids
     with torch.no_grad():
         our_logits = ours(ids)
     assert relative_error(our_logits, _hf_logits(theirs, ids)) < TOLERANCE
-    # Every tensor, by name, bit for bit.
+    # Every tensor, by name, bit for bit, in HF's layout (Mamba in_proj / conv1d permuted from our
+    # group-major order; the tiny config has 2 groups, so the permutation is exercised).
+    assert ours.config.mamba_num_groups > 1
     their_state = theirs.state_dict()
     assert set(their_state) == {to_hf_key(n) for n in ours.state_dict()}
-    for name, tensor in ours.state_dict().items():
-        assert torch.equal(their_state[to_hf_key(name)], tensor), name
+    for name, tensor in to_hf_state_dict(ours).items():
+        assert torch.equal(their_state[name], tensor), name
+    assert not torch.equal(their_state["model.layers.0.mixer.in_proj.weight"],
+                           ours.state_dict()["layers.0.mixer.in_proj.weight"])
 
 
 def test_transformers_model_imports_with_same_logits_and_weights(tmp_path, ids):
@@ -77,8 +81,9 @@ def test_transformers_model_imports_with_same_logits_and_weights(tmp_path, ids):
     assert relative_error(our_logits, _hf_logits(theirs, ids)) < TOLERANCE
     our_state = ours.state_dict()
     assert set(our_state) == {from_hf_key(n) for n in theirs.state_dict()}
+    in_hf_layout = to_hf_state_dict(ours)
     for name, tensor in theirs.state_dict().items():
-        assert torch.equal(our_state[from_hf_key(name)], tensor), name
+        assert torch.equal(in_hf_layout[name], tensor), name
     marked = {n for n, p in ours.named_parameters() if getattr(p, "_no_weight_decay", False)}
     assert marked == ours.no_weight_decay_names()
 
@@ -94,7 +99,8 @@ def test_round_trip_is_identity(tmp_path, ids):
 
 @pytest.mark.parametrize(
     "corruption",
-    ["swap_mamba_in_proj_layers", "swap_q_and_o", "swap_up_and_down_T", "permute_A_log", "swap_dt_bias_D", "nudge_conv_bias"],
+    ["swap_mamba_in_proj_layers", "swap_q_and_o", "swap_up_and_down_T", "permute_A_log", "swap_dt_bias_D", "nudge_conv_bias",
+     "mamba_in_proj_not_permuted", "mamba_conv_not_permuted"],
 )
 def test_a_single_mismapped_weight_is_caught(tmp_path, ids, corruption):
     """The logits comparison above fails if one tensor goes to the wrong place."""
@@ -117,6 +123,11 @@ def test_a_single_mismapped_weight_is_caught(tmp_path, ids, corruption):
         state[a], state[b] = state[b], state[a]
     elif corruption == "nudge_conv_bias":
         state["model.layers.0.mixer.conv1d.bias"] = state["model.layers.0.mixer.conv1d.bias"] + 0.05
+    elif corruption == "mamba_in_proj_not_permuted":  # our group-major rows handed over as they are
+        state["model.layers.2.mixer.in_proj.weight"] = ours.state_dict()["layers.2.mixer.in_proj.weight"]
+    elif corruption == "mamba_conv_not_permuted":
+        for suffix in ("weight", "bias"):
+            state[f"model.layers.4.mixer.conv1d.{suffix}"] = ours.state_dict()[f"layers.4.mixer.conv1d.{suffix}"]
     theirs = NemotronHForCausalLM(NemotronHConfig(**hf.hf_config_kwargs(ours.config))).eval()
     theirs.load_state_dict(state, strict=True)
     with torch.no_grad():

@@ -73,3 +73,49 @@ def test_every_readme_launch_line_starts_at_its_gpu_count(gpus, overrides):
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_the_slurm_line_starts_on_any_number_of_nodes(nodes):
     _starts(slurm_plan_overrides(), nodes * 8)
+
+
+def _data_overrides(words: list) -> list:
+    return [w for w in words if w.startswith("data=") or w.startswith("data.")]
+
+
+def readme_prepare_line() -> list:
+    line = next(l for l in _commands((ROOT / "README.md").read_text()) if "scripts/prepare_data.py" in l
+                and "_12b" in l)
+    return shlex.split(line)
+
+
+def test_the_readme_trains_on_the_shards_its_prepare_line_writes(tmp_path):
+    """Every 12B launch line repeats the prepare line's data overrides (num_proc aside), and a corpus prepared
+    with them (paths pointed at a small stand-in, the builtin tokenizer) is the one a run with them accepts."""
+    import json
+
+    from data import build_tokenizer
+    from data.prepare import check_prepared_source, prepared_directory
+
+    prepare = [w for w in _data_overrides(readme_prepare_line()) if not w.startswith("data.num_proc")]
+    for gpus, overrides in readme_launches():
+        assert _data_overrides(overrides) == prepare, (gpus, overrides)
+    assert _data_overrides(slurm_plan_overrides()) == [] or _data_overrides(slurm_plan_overrides()) == prepare
+
+    corpus, shards = tmp_path / "corpus", tmp_path / "shards"
+    corpus.mkdir()
+    (corpus / "part.jsonl").write_text("".join(json.dumps({"text": f"document {i} " + "words " * 50}) + "\n"
+                                               for i in range(200)))
+    here = {"/data/corpus": str(corpus), "/lustre/shards": str(shards), "/models/nemotron-tokenizer": "builtin"}
+
+    def local(words):
+        return [w.split("=", 1)[0] + "=" + here.get(w.split("=", 1)[1], w.split("=", 1)[1]) for w in words]
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prepare_data", ROOT / "scripts" / "prepare_data.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--no-progress", "+experiment=nvfp4_12b", *local(prepare)]) == 0
+
+    cfg = compose(local(readme_launches()[0][1]))  # the one-node line, +experiment included
+    source = cfg.data.sources[0]
+    directory = prepared_directory(cfg.data, source, build_tokenizer(cfg.data))
+    assert (directory / "manifest.json").is_file(), directory
+    check_prepared_source(directory, cfg.data, source)  # raises DataError for another source

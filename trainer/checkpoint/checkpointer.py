@@ -310,7 +310,8 @@ class Checkpointer:
         if self.model_config is not None:
             trainer_state.update(model_config=dataclasses.asdict(self.model_config),
                                  precision_backend=self.precision_backend,
-                                 parameters=compatibility.parameter_layout(model))
+                                 parameters=compatibility.parameter_layout(model),
+                                 mamba_layout=compatibility.MAMBA_LAYOUT)
         if self.cfg.async_save and self.env.distributed:
             future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._async_group)
             self._pending = (future, tmp, final, trainer_state)

@@ -11,6 +11,10 @@ Resume compares all three with the run:
   this is the one precision setting that changes the parameters (formats and recipes change
   how the GEMMs round, not what is stored: resuming NVFP4 weights in BF16 is the late switch).
 - parameter layout: catches whatever else changes the state dict.
+- the Mamba-2 row order of in_proj and conv1d (`mamba_layout`, models.mamba2.IN_PROJ_LAYOUT): the
+  order is invisible in names and shapes, so a checkpoint recording none (saved before the group-major
+  order) of a model with more than one group is refused; models.hf.mamba_to_group_major converts its
+  tensors.
 
 A mismatch stops the run naming the fields and both values, unless
 checkpoint.allow_model_change is set (see Checkpointer.load).
@@ -22,6 +26,8 @@ import dataclasses
 from typing import Dict, List, Optional
 
 import torch
+
+from models.mamba2 import IN_PROJ_LAYOUT as MAMBA_LAYOUT
 
 IGNORED_MODEL_FIELDS = {
     "name": "a label",
@@ -94,6 +100,11 @@ def incompatibilities(trainer_state: dict, model_config, precision_backend: str,
         problems.append(f"precision backend (resolved from precision.backend): checkpoint {saved_backend!r}, "
                         f"this run {precision_backend!r} (Transformer Engine layers store _extra_state)")
     problems += layout_differences(trainer_state.get("parameters"), layout)
+    saved_layout = trainer_state.get("mamba_layout", "canonical")
+    if "M" in model_config.pattern and model_config.mamba_num_groups > 1 and saved_layout != MAMBA_LAYOUT:
+        problems.append(f"Mamba in_proj/conv1d row order: checkpoint {saved_layout!r}, this run {MAMBA_LAYOUT!r} "
+                        f"(with {model_config.mamba_num_groups} groups the rows differ; "
+                        f"models.hf.mamba_to_group_major converts the tensors)")
     return problems
 
 

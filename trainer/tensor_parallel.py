@@ -1,0 +1,359 @@
+"""Tensor parallelism with sequence parallelism (Megatron-style) over the hybrid blocks.
+
+    apply_tensor_parallel(model, tp_mesh) -> dict   after the precision pass, before activation
+                                                    checkpointing, compile and FSDP2
+    local_tokens(tensor, tp_mesh) -> tensor          this rank's tokens of a [B, T, ...] tensor (the labels)
+    reduce_tp_replicated_grads(model) -> int         after the step's last backward (after FSDP2's
+                                                    reduce-scatter), before clipping
+
+tp ranks, r this one (``tp_mesh.get_local_rank()``). Every parameter becomes a DTensor on ``tp_mesh``
+(so a distributed checkpoint reshards between degrees by itself; FSDP2 later shards them again over the
+data-parallel mesh: 2-D DTensors):
+
+    parameter                                       placement   rank r holds
+    attention q_proj, k_proj, v_proj  [heads*hd, h]  Shard(0)    heads [r Hq/tp, ...), kv heads [r Hkv/tp, ...)
+    MLP up_proj                       [ffn, h]       Shard(0)    hidden columns [r ffn/tp, ...)
+    Mamba in_proj                     [rows, h]      Shard(0)    groups [r G/tp, ...) (group-major rows, models.mamba2)
+    Mamba conv1d weight, bias; dt_bias, A_log, D;    Shard(0)    the same groups' channels / heads
+      gated norm weight
+    o_proj, down_proj, out_proj       [h, in]        Shard(1)    the input columns of its heads / groups
+    embeddings, block norms, norm_f, lm_head         Replicate   everything
+
+The forward computes with local tensors (``.to_local()``, differentiable) and these collectives, all
+over the tp group and autograd-aware (torch's functional collectives), per block and micro-batch
+(B batch, T sequence, h hidden):
+
+    mixer input    all-gather along the sequence  [B, T/tp, h] -> [B, T, h]   (backward: reduce-scatter)
+    mixer output   reduce-scatter along the sequence, summing the row-parallel partial outputs
+                   [B, T, h] -> [B, T/tp, h]                                  (backward: all-gather)
+    quantized      an all-reduce (MAX) of one fp32 amax per sharded operand with a per-tensor scale
+    linears        (NVFP4, FP8 per tensor; ``models.quant.quantized_linear.TP_AMAX_OPERANDS``)
+
+(forward hooks on each mixer: ``gather_sequence`` / ``reduce_scatter_sequence``). Everything else runs
+on the rank's contiguous T/tp tokens with no communication: the embedding lookup (the model takes the
+full input_ids [B, T]), norms, residual adds, the final norm, the LM head (logits [B, T/tp, V]) and the
+loss. The loop backpropagates (its shard's mean loss) / tp; the gradients of sharded parameters are
+then complete on each rank, those of replicated ones partial: ``reduce_tp_replicated_grads`` sums
+them over the tp group (one all-reduce per dtype, on the local tensors, whatever FSDP2's sharding).
+
+Quantized linears (``QuantizedLinear.set_tensor_parallel``): column-parallel layers reduce the amax of
+W and of the output's gradient, row-parallel ones of W and of the input, a quantized LM head (replicated,
+on the rank's tokens) of every activation operand. Each rank's share must hold whole quantization blocks
+(checked here: ValueError naming the layer and dim); a sharded layer then quantizes exactly as the
+unsharded one with round-to-nearest. Those operands take the torch quantizer on CUDA too (the Triton
+kernels take their own amax pass; models.quant.linear). Stochastic rounding mixes the tp rank into the
+seed (shards draw independently), so an SR run is not bit-identical to the unsharded one. Transformer
+Engine layers are refused. Call this on an initialized model (``init_weights`` permutes plain tensors,
+not DTensors). Tested on the CPU with gloo (tests/trainer/test_tensor_parallel*.py); torch.compile of
+tensor-parallel blocks has not been tried.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+from models.norms import local_tensor
+from models.quant.format_registry import FORMAT_SPECS, GEMMS
+from models.quant.quantized_linear import TP_AMAX_OPERANDS, QuantizedLinear
+
+LINEAR_ROLES = {
+    "M": {"in_proj": "column", "out_proj": "row"},
+    "*": {"q_proj": "column", "k_proj": "column", "v_proj": "column", "o_proj": "row"},
+    "-": {"up_proj": "column", "down_proj": "row"},
+}
+"""Pattern symbol -> the mixer's linears and their tensor-parallel role (column: W Shard(0), row: Shard(1))."""
+
+SHARDED_VECTORS = {"M": ("conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm.weight")}
+"""Pattern symbol -> the mixer's per-group / per-head parameters, Shard(0)."""
+
+_PLACEMENTS = {"column": Shard(0), "row": Shard(1), "sequence": Replicate()}
+
+_OPERANDS = {"fprop": ("Fprop X", "Fprop W"), "dgrad": ("Dgrad dY", "Dgrad W^T"), "wgrad": ("Wgrad dY^T", "Wgrad X^T")}
+
+
+# ----------------------------------------------------------------------------------------------
+# The collectives and the token slice
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along dim 1; backward: reduce-scatter (sum) along dim 1. Written out rather than torch's
+    *_autograd collectives, whose backward hands NCCL a non-contiguous gradient as it comes (an error)."""
+
+    @staticmethod
+    def forward(ctx, hidden, group):
+        ctx.group = group
+        return funcol.wait_tensor(funcol.all_gather_tensor(hidden.contiguous(), gather_dim=1, group=group))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return funcol.wait_tensor(funcol.reduce_scatter_tensor(grad.contiguous(), "sum", scatter_dim=1,
+                                                               group=ctx.group)), None
+
+
+class _ReduceScatterSequence(torch.autograd.Function):
+    """Reduce-scatter (sum) along dim 1; backward: all-gather along dim 1."""
+
+    @staticmethod
+    def forward(ctx, partial, group):
+        ctx.group = group
+        return funcol.wait_tensor(funcol.reduce_scatter_tensor(partial.contiguous(), "sum", scatter_dim=1,
+                                                               group=group))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return funcol.wait_tensor(funcol.all_gather_tensor(grad.contiguous(), gather_dim=1, group=ctx.group)), None
+
+
+def gather_sequence(hidden: torch.Tensor, group) -> torch.Tensor:
+    """[B, T/tp, ...] on each rank -> [B, T, ...] (ranks' slices in rank order); backward: reduce-scatter."""
+    return _GatherSequence.apply(hidden, group)
+
+
+def reduce_scatter_sequence(partial: torch.Tensor, group) -> torch.Tensor:
+    """[B, T, ...] partial sums on each rank -> this rank's [B, T/tp, ...] of their sum; backward: all-gather."""
+    return _ReduceScatterSequence.apply(partial, group)
+
+
+def _sequence_slice(tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    length = tensor.shape[1]
+    if length % size:
+        raise ValueError(f"tensor parallelism: the sequence length {length} is not divisible by tp={size} "
+                         "(sequence parallelism gives each rank T/tp tokens)")
+    share = length // size
+    return tensor.narrow(1, rank * share, share)
+
+
+def local_tokens(tensor: torch.Tensor, tp_mesh) -> torch.Tensor:
+    """This rank's contiguous 1/tp of dim 1 of a [B, T, ...] tensor (a view): the tokens whose logits
+    the model returns under tensor parallelism (slice the labels with it)."""
+    return _sequence_slice(tensor, tp_mesh.get_local_rank(), tp_mesh.size())
+
+
+def _gather_hook(group, module, args):
+    return (gather_sequence(args[0], group), *args[1:])
+
+
+def _reduce_scatter_hook(group, module, args, output):
+    return reduce_scatter_sequence(output, group)
+
+
+class SequenceShardedEmbedding(nn.Embedding):
+    """nn.Embedding under sequence parallelism: the full input_ids [B, T] in, this rank's [B, T/tp, h]
+    out, looked up in the replicated table (``tp_rank``, ``tp_size`` set by ``apply_tensor_parallel``)."""
+
+    tp_rank: int
+    tp_size: int
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        ids = _sequence_slice(input_ids, self.tp_rank, self.tp_size)
+        return F.embedding(ids, local_tensor(self.weight), self.padding_idx, self.max_norm, self.norm_type,
+                           self.scale_grad_by_freq, self.sparse)
+
+
+class LocalLinear(nn.Linear):
+    """A high-precision nn.Linear whose weight (and bias) may be DTensors: the GEMM takes the local values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, local_tensor(self.weight), None if self.bias is None else local_tensor(self.bias))
+
+
+# ----------------------------------------------------------------------------------------------
+# The pass
+
+
+class TensorParallelState:
+    """What ``reduce_tp_replicated_grads`` needs, kept on the model (``model.tensor_parallel``): the tp
+    mesh and the names of the replicated parameters (names survive FSDP2, which replaces the objects)."""
+
+    def __init__(self, tp_mesh, replicated: List[str]):
+        self.mesh = tp_mesh
+        self.replicated = frozenset(replicated)
+
+    @property
+    def size(self) -> int:
+        return self.mesh.size()
+
+
+def _distribute(module: nn.Module, name: str, placement, tp_mesh) -> None:
+    """Replace ``module.<name>`` by a Parameter holding a DTensor of it (rank 0's values, scattered)."""
+    param = getattr(module, name)
+    tensor = distribute_tensor(param.detach(), tp_mesh, [placement])
+    setattr(module, name, nn.Parameter(tensor, requires_grad=param.requires_grad))
+
+
+def _block_edge(spec) -> int:
+    """The largest quantization block edge among the layer's quantized operands (1 if none)."""
+    edges = [FORMAT_SPECS[operand.fmt].block_edge for gemm in GEMMS if getattr(spec, gemm) is not None
+             for operand in (getattr(spec, gemm).a, getattr(spec, gemm).b)]
+    return max(edges, default=1)
+
+
+def _check_whole_blocks(name: str, layer: QuantizedLinear, role: str, tp: int) -> None:
+    """ValueError naming the layer and dim unless each rank's share of the sharded dim holds whole blocks."""
+    if role == "sequence" or not layer.spec.quantized:
+        return
+    dim, size = ("out_features", layer.out_features) if role == "column" else ("in_features", layer.in_features)
+    edge = _block_edge(layer.spec)
+    if size % (tp * edge):
+        raise ValueError(
+            f"tensor parallelism: layer {name!r} ({role}-parallel) splits {dim} {size} into {tp} shards of "
+            f"{size / tp:g}, not a multiple of its quantization block ({edge}), so a shard would cut blocks "
+            "and quantize differently from the whole layer. Keep it in BF16 (precision.bf16_layer_globs) or "
+            "choose another parallel.tp")
+
+
+def _amax_reductions(layer: nn.Module, role: str) -> Dict[str, int]:
+    """How many amax all-reduces the layer runs per forward and per backward (its quantized operands
+    that the role shards and whose format has a per-tensor scale)."""
+    counts = {"forward": 0, "backward": 0}
+    if not isinstance(layer, QuantizedLinear):
+        return counts
+    spec = layer.spec
+    for gemm in GEMMS:
+        gemm_spec = getattr(spec, gemm)
+        if gemm_spec is None:
+            continue
+        for operand_spec, operand in zip((gemm_spec.a, gemm_spec.b), _OPERANDS[gemm]):
+            if operand == "Dgrad W^T" and spec.reuses_forward_weight:
+                continue  # Fprop's quantized W, saved
+            if operand in TP_AMAX_OPERANDS[role] and FORMAT_SPECS[operand_spec.fmt].amax_pass:
+                counts["forward" if gemm == "fprop" else "backward"] += 1
+    return counts
+
+
+def _check_linear(layer: nn.Module, name: str, role: str, tp: int) -> None:
+    """ValueError naming the layer unless this pass can shard it in ``role``."""
+    if isinstance(layer, QuantizedLinear):
+        _check_whole_blocks(name, layer, role, tp)
+    elif type(layer) not in (nn.Linear, LocalLinear):
+        raise ValueError(f"tensor parallelism: layer {name!r} is a {type(layer).__name__}; it shards nn.Linear and "
+                         "the emulated and torch quantized linears, not Transformer Engine's (precision.backend=te)")
+    if layer.bias is not None and role == "row":  # it would be added once per rank before the reduction
+        raise ValueError(f"tensor parallelism: row-parallel layer {name!r} has a bias, which is not supported")
+
+
+def _prepare_linear(parent: nn.Module, child: str, role: str, tp_mesh, counts: dict) -> None:
+    layer = getattr(parent, child)
+    if isinstance(layer, QuantizedLinear):
+        layer.set_tensor_parallel(role, tp_mesh.get_group(), tp_mesh.get_local_rank())
+        for phase, n in _amax_reductions(layer, role).items():
+            counts["collectives_per_micro_batch"][phase]["amax_all_reduce"] += n
+    else:
+        layer.__class__ = LocalLinear  # same object, parameters and hooks; computes on the local weight
+    _distribute(layer, "weight", _PLACEMENTS[role], tp_mesh)
+    if layer.bias is not None:  # the output's rows: sharded with a column-parallel weight, else replicated
+        _distribute(layer, "bias", Shard(0) if role == "column" else Replicate(), tp_mesh)
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
+    """Shard ``model`` (a HybridLM, after ``apply_precision``) over the 1-D ``tp_mesh`` in place, as the
+    module docstring says; returns what it did (counts). tp = 1: nothing is changed.
+
+    Afterwards ``model(input_ids [B, T])`` returns this rank's logits [B, T/tp, V] (``local_tokens``
+    slices the labels alike) and ``reduce_tp_replicated_grads(model)`` must follow each step's backward.
+    Everything is checked before anything changes (ValueError naming the layer or dim).
+    """
+    from trainer.validate import tensor_parallel_problem
+
+    if tp_mesh.ndim != 1:
+        raise ValueError(f"apply_tensor_parallel takes the 1-D tensor-parallel mesh (mesh['tp']), got {tp_mesh}")
+    tp = tp_mesh.size()
+    counts = {"tp": tp, "column_parallel_linears": 0, "row_parallel_linears": 0, "sharded_vectors": 0,
+              "replicated_parameters": 0, "quantized_sharded_linears": 0, "sequence_parallel_mixers": 0,
+              "collectives_per_micro_batch": {
+                  "forward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0},
+                  "backward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0}}}
+    if tp == 1:
+        return counts
+    if getattr(model, "tensor_parallel", None) is not None:
+        raise ValueError("apply_tensor_parallel: the model is already tensor-parallel")
+    problem = tensor_parallel_problem(model.config, tp, tp)  # the sequence is checked when it arrives
+    if problem:
+        raise ValueError(f"tensor parallelism over {tp} ranks: {problem}")
+
+    # The plan: linears by role, then every other parameter with its placement (fully qualified names).
+    linears = [(block.mixer, child, f"layers.{index}.mixer.{child}", role) for index, block in enumerate(model.layers)
+               for child, role in LINEAR_ROLES[block.symbol].items()] + [(model, "lm_head", "lm_head", "sequence")]
+    others = []  # (owner module, parameter name, fully qualified name, placement)
+    for index, block in enumerate(model.layers):
+        for path in SHARDED_VECTORS.get(block.symbol, ()):
+            owner_path, _, param_name = path.rpartition(".")
+            owner = block.mixer.get_submodule(owner_path) if owner_path else block.mixer
+            others.append((owner, param_name, f"layers.{index}.mixer.{path}", Shard(0)))
+        others.append((block.norm, "weight", f"layers.{index}.norm.weight", Replicate()))
+    others += [(model.embeddings, "weight", "embeddings.weight", Replicate()),
+               (model.norm_f, "weight", "norm_f.weight", Replicate())]
+
+    for parent, child, name, role in linears:
+        _check_linear(getattr(parent, child), name, role, tp)
+    if type(model.embeddings) is not nn.Embedding:
+        raise ValueError(f"tensor parallelism: embeddings is a {type(model.embeddings).__name__}, expected nn.Embedding")
+    planned = {name for _, _, name, _ in others} | {f"{name}.{param}" for parent, child, name, _ in linears
+                                                     for param, _ in getattr(parent, child).named_parameters()}
+    unplanned = sorted(set(dict(model.named_parameters())) - planned)
+    if unplanned:
+        raise ValueError(f"apply_tensor_parallel: no placement for parameters {unplanned[:8]} (a new parameter "
+                         "needs its entry in trainer/tensor_parallel.py)")
+
+    group, rank = tp_mesh.get_group(), tp_mesh.get_local_rank()
+    for parent, child, name, role in linears:
+        layer = getattr(parent, child)
+        if isinstance(layer, QuantizedLinear) and layer.spec.quantized:
+            counts["quantized_sharded_linears"] += 1
+        _prepare_linear(parent, child, role, tp_mesh, counts)
+        if role != "sequence":
+            counts[f"{role}_parallel_linears"] += 1
+    for owner, param_name, _, placement in others:
+        _distribute(owner, param_name, placement, tp_mesh)
+        counts["sharded_vectors" if isinstance(placement, Shard) else "replicated_parameters"] += 1
+    counts["replicated_parameters"] += sum(1 for _ in model.lm_head.parameters())
+    for block in model.layers:  # the sequence-parallel boundary around each mixer
+        block.mixer.register_forward_pre_hook(functools.partial(_gather_hook, group))
+        block.mixer.register_forward_hook(functools.partial(_reduce_scatter_hook, group))
+        counts["sequence_parallel_mixers"] += 1
+        for phase in ("forward", "backward"):
+            counts["collectives_per_micro_batch"][phase]["all_gather"] += 1
+            counts["collectives_per_micro_batch"][phase]["reduce_scatter"] += 1
+    model.embeddings.__class__ = SequenceShardedEmbedding  # looks up the rank's tokens
+    model.embeddings.tp_rank, model.embeddings.tp_size = rank, tp
+
+    replicated = [name for _, _, name, placement in others if isinstance(placement, Replicate)]
+    replicated += [f"lm_head.{name}" for name, _ in model.lm_head.named_parameters()]
+    model.tensor_parallel = TensorParallelState(tp_mesh, replicated)
+    model.mark_no_weight_decay()  # the Parameters were replaced
+    return counts
+
+
+def reduce_tp_replicated_grads(model: nn.Module) -> int:
+    """Sum the gradients of the TP-replicated parameters (embeddings, norms, LM head) over the tp group.
+
+    Each tp rank backpropagates its own tokens' loss, so these gradients are partial sums; after this
+    every tp rank holds the full gradient. Call once per optimizer step, after the last micro-batch's
+    backward (after FSDP2's reduce-scatter / HSDP all-reduce, which are linear, so the order does not
+    matter) and before clipping. Works on the gradients' local tensors (whatever FSDP2's sharding: tp
+    peers hold the same data-parallel shard). One all-reduce (SUM) per gradient dtype. Returns the
+    number of gradients reduced (0 without tensor parallelism).
+    """
+    state = getattr(model, "tensor_parallel", None)
+    if state is None or state.size == 1:
+        return 0
+    grads = [local_tensor(param.grad) for name, param in model.named_parameters()
+             if name in state.replicated and param.grad is not None]
+    by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    group = state.mesh.get_group()
+    for same in by_dtype.values():
+        flat = torch.cat([grad.reshape(-1) for grad in same])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        for grad, reduced in zip(same, flat.split([grad.numel() for grad in same])):
+            grad.copy_(reduced.view_as(grad))
+    return len(grads)
