@@ -21,10 +21,12 @@ import json
 import math
 import sys
 
+import yaml
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from trainer.__main__ import unknown_key_message
+from data.errors import DataError
+from trainer.__main__ import composition_refusal, override_refusal, user_error_message
 from trainer.config import compose
 from trainer.hardware import GPUS
 from trainer.planning import plan_run, smallest_changes
@@ -33,6 +35,10 @@ from trainer.planning.commands import (cost_line, device_for_plan, launch_comman
                                      with_overrides)
 from trainer.startup import settle_config
 from trainer.validate import ConfigError
+
+
+class Refused(Exception):
+    """A refusal already worded as `python -m trainer` words it (an unknown key, a config that does not compose)."""
 
 
 def check_arguments(args) -> None:
@@ -49,11 +55,13 @@ def check_arguments(args) -> None:
 def plan(args):
     """(plan, cfg, gpu, auto choice or None, slower-than-auto fraction or None); ConfigError as the trainer's."""
     check_arguments(args)
-    for override in args.overrides:  # a misspelt key: the trainer's own check, before Hydra's composition
-        message = unknown_key_message(override)
-        if message:
-            raise ConfigError(message.splitlines()[0])
-    cfg = compose(args.overrides, config_dir=args.config_dir)
+    refusal = override_refusal(args.overrides)  # a misspelt key: the trainer's own check, before composing
+    if refusal:
+        raise Refused(refusal)
+    try:
+        cfg = compose(args.overrides, config_dir=args.config_dir)
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError) as error:
+        raise Refused(composition_refusal(error)) from error
     gpu = device_for_plan(args.gpu, args.gpus, args.gpus_per_node)
     settled = settle_config(cfg, gpu, args.gpus, args.gpus_per_node)  # the trainer's checks, auto and batch
     if settled.choice is not None:
@@ -106,9 +114,12 @@ def main(argv=None) -> int:
     args = parser.parse_intermixed_args(argv)  # overrides before and after the options
     try:
         run, cfg, gpu, choice, slower = plan(args)
-    except (ConfigError, ValueError, HydraException, OmegaConfBaseException) as error:  # a bad config or GPU name
-        name = "ConfigError" if isinstance(error, ConfigError) else type(error).__name__
-        print(f"{name}: {error}".splitlines()[0], file=sys.stderr)
+    except Refused as refused:  # printed as `python -m trainer` prints it
+        print(refused, file=sys.stderr)
+        return 2
+    except (ConfigError, DataError, ValueError) as error:  # a bad value or GPU name: the trainer's message
+        print(user_error_message(error if isinstance(error, (ConfigError, DataError)) else ConfigError(str(error))),
+              file=sys.stderr)
         return 2
     if args.json:
         out = run.as_dict()

@@ -216,10 +216,30 @@ def user_errors() -> tuple:
             RunDirectoryUnusable)
 
 
+def override_refusal(overrides) -> Optional[str]:
+    """What a start prints for the first override whose key is not in the schema (None if every key is).
+    scripts/plan_run.py prints the same, so the planner and the trainer refuse alike."""
+    for argument in overrides:
+        message = unknown_key_message(argument)
+        if message:
+            return f"Error in override '{argument}':\n{message}"
+    return None
+
+
+def composition_refusal(error: BaseException) -> str:
+    """What a start prints for a config that cannot be composed (a YAML error, an unknown group option...)."""
+    return f"Error in the config: {config_error_line(error)}"
+
+
+def user_error_message(error: BaseException) -> str:
+    """What a start prints for a user's error (`user_errors()`), on rank 0."""
+    return f"{type(error).__name__}: {error}"
+
+
 def report_user_error(error: BaseException) -> None:
     """Rank 0: the whole message; other ranks: its first line, naming the rank."""
     rank = int(os.environ.get("RANK", "0"))
-    message = f"{type(error).__name__}: {error}"
+    message = user_error_message(error)
     if rank != 0:
         message = f"[rank {rank}] " + message.splitlines()[0]
     print(message, file=sys.stderr, flush=True)
@@ -244,11 +264,10 @@ Tools: scripts/prepare_data.py (data), scripts/plan_run.py (what fits), scripts/
 
 def cli() -> None:
     global _FULL_ERROR
-    for argument in sys.argv[1:]:
-        message = unknown_key_message(argument)
-        if message:
-            print(f"Error in override '{argument}':\n{message}", file=sys.stderr)
-            sys.exit(2)
+    refusal = override_refusal(sys.argv[1:])
+    if refusal:
+        print(refusal, file=sys.stderr)
+        sys.exit(2)
     if any(argument in ("--help", "-h") for argument in sys.argv[1:]):
         print(HELP)
         return
@@ -263,7 +282,7 @@ def cli() -> None:
     except (HydraException, OmegaConfBaseException, yaml.YAMLError) as error:  # the composition failed
         if _FULL_ERROR or _TASK_STARTED:
             raise
-        print(f"Error in the config: {config_error_line(error)}", file=sys.stderr)
+        print(composition_refusal(error), file=sys.stderr)
         sys.exit(2)
 
 
