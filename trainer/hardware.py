@@ -36,7 +36,7 @@ float32 on the CPU).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -59,6 +59,8 @@ class GpuSpec:
     """GPUs one NVLink domain joins (8 on an HGX board, 72 in an NVL72 rack)."""
     network_bytes_per_s: float = 0.0
     """Scale-out (InfiniBand) bandwidth per GPU in one direction."""
+    capability: Optional[Tuple[int, int]] = None
+    """CUDA compute capability (9.0 Hopper, 10.0 Blackwell): which quantized GEMM backends run natively."""
 
 
 _HOPPER = {"bf16": 989.4 * TERA, "fp8": 1978.9 * TERA}
@@ -71,12 +73,12 @@ def _blackwell(bf16: float, fp4: float) -> Dict[str, float]:
 
 
 GPUS: Dict[str, GpuSpec] = {
-    "H100": GpuSpec("H100", _HOPPER, 3.35 * TERA, 80, _NVLINK4, 8, _CX7),
-    "H200": GpuSpec("H200", _HOPPER, 4.8 * TERA, 141, _NVLINK4, 8, _CX7),
-    "B200": GpuSpec("B200", _blackwell(2250, 9000), 8.0 * TERA, 180, _NVLINK5, 8, _CX7),
-    "GB200": GpuSpec("GB200", _blackwell(2500, 10000), 8.0 * TERA, 186, _NVLINK5, 72, _CX7),
-    "B300": GpuSpec("B300", _blackwell(2250, 13500), 8.0 * TERA, 288, _NVLINK5, 8, _CX8),
-    "GB300": GpuSpec("GB300", _blackwell(2500, 15000), 8.0 * TERA, 288, _NVLINK5, 72, _CX8),
+    "H100": GpuSpec("H100", _HOPPER, 3.35 * TERA, 80, _NVLINK4, 8, _CX7, (9, 0)),
+    "H200": GpuSpec("H200", _HOPPER, 4.8 * TERA, 141, _NVLINK4, 8, _CX7, (9, 0)),
+    "B200": GpuSpec("B200", _blackwell(2250, 9000), 8.0 * TERA, 180, _NVLINK5, 8, _CX7, (10, 0)),
+    "GB200": GpuSpec("GB200", _blackwell(2500, 10000), 8.0 * TERA, 186, _NVLINK5, 72, _CX7, (10, 0)),
+    "B300": GpuSpec("B300", _blackwell(2250, 13500), 8.0 * TERA, 288, _NVLINK5, 8, _CX8, (10, 3)),
+    "GB300": GpuSpec("GB300", _blackwell(2500, 15000), 8.0 * TERA, 288, _NVLINK5, 72, _CX8, (10, 3)),
 }
 
 

@@ -115,7 +115,7 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
 
     # ---- model: meta -> device -> init -> precision -> AC -> compile -> FSDP2
     model = build_model_on(cfg, env.device)
-    plan = apply_precision(model, cfg.precision, device=env.device)
+    plan = apply_precision(model, cfg.precision, device=env.device, tensor_parallel=env.tp > 1)
     applied = parallelize(model, cfg.parallel, env)
     if cfg.parallel.cuda_graph:  # refused here, before any log file or W&B run is opened
         check_cuda_graph_supported(env, applied, plan.backend)

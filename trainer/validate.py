@@ -145,6 +145,10 @@ def _validate_parallel(cfg: TrainConfig) -> None:
             raise ConfigError(f"parallel.tp={parallel.tp}: {problem}")
         _require(parallel.fsdp != "off", "parallel.fsdp", parallel.fsdp, "'auto' or 'on' with parallel.tp > 1")
         _require(not parallel.cuda_graph, "parallel.cuda_graph", parallel.cuda_graph, "false with parallel.tp > 1")
+        if cfg.precision.backend == "te" and cfg.precision.format != "bf16":
+            from models.quant.recipe import TE_UNDER_TP
+
+            raise ConfigError(TE_UNDER_TP)
     if parallel.cuda_graph:  # the rest (world size, backend) is checked once they are known
         _require(parallel.device != "cpu", "parallel.device", parallel.device, "'auto' or 'cuda' with parallel.cuda_graph")
         _require(parallel.fsdp != "on", "parallel.fsdp", parallel.fsdp,

@@ -259,8 +259,16 @@ def plan_layers(model: nn.Module, cfg: PrecisionConfig) -> List[LayerPlan]:
 
 
 # ---------------------------------------------------------------------------- backends
-def resolve_backend(cfg: PrecisionConfig, device: torch.device) -> str:
-    """'none' for bf16 recipes; else te | torch | emulated as the config and hardware allow."""
+TE_UNDER_TP = ("precision.backend=te with parallel.tp > 1: the tensor-parallel pass shards the emulated and torch "
+               "quantized linears, not Transformer Engine's; use precision.backend=auto (torch or emulated GEMMs "
+               "under tensor parallelism) or parallel.tp=1")
+
+def resolve_backend(cfg: PrecisionConfig, device: torch.device, tensor_parallel: bool = False) -> str:
+    """'none' for bf16 recipes; else te | torch | emulated as the config and hardware allow.
+
+    ``tensor_parallel``: the model's linears will be split by the tensor-parallel pass, which shards the
+    project's own layers (emulated, torch) and not Transformer Engine's: auto then skips te, and te is refused.
+    """
     from models.quant import te_backend
 
     if cfg.format == "bf16":
@@ -268,6 +276,8 @@ def resolve_backend(cfg: PrecisionConfig, device: torch.device) -> str:
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     if cfg.backend == "emulated":
         return "emulated"
+    if cfg.backend == "te" and tensor_parallel:
+        raise ValueError(TE_UNDER_TP)
     if cfg.backend == "te":
         te_backend.require_te()
         te_backend.check_supported(cfg, capability)
@@ -283,18 +293,19 @@ def resolve_backend(cfg: PrecisionConfig, device: torch.device) -> str:
                                f"is {capability}")
         return "torch"
     # auto
-    if te_backend.has_te() and te_backend.supported_reason(cfg, capability) is None:
+    if not tensor_parallel and te_backend.has_te() and te_backend.supported_reason(cfg, capability) is None:
         return "te"
     if format_spec(cfg.format).runs_natively("torch", capability):
         return "torch"
     return "emulated"
 
 
-def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[torch.device] = None) -> PrecisionPlan:
-    """Plan and convert the model's linears in place; returns the plan."""
+def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[torch.device] = None,
+                    tensor_parallel: bool = False) -> PrecisionPlan:
+    """Plan and convert the model's linears in place; returns the plan (``tensor_parallel``: resolve_backend)."""
     device = device or next(model.parameters()).device
     layers = plan_layers(model, cfg)
-    backend = resolve_backend(cfg, device)
+    backend = resolve_backend(cfg, device, tensor_parallel)
     plan = PrecisionPlan(cfg=cfg, layers=layers, backend=backend)
     plan.notes.append("embeddings, norms, conv1d, SSD scan and attention BMMs stay in BF16/FP32")
     to_convert = [layer for layer in layers if layer.quantized]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -70,3 +71,32 @@ def test_fsdp_in_one_plain_process_trains_as_without_fsdp(tmp_path, data_cache):
     assert losses["on"].keys() == losses["off"].keys() == {1, 2, 3}
     for step in losses["on"]:
         assert losses["on"][step] == pytest.approx(losses["off"][step], rel=1e-5), step
+
+
+def test_tensor_parallel_runs_the_projects_own_quantized_linears_not_transformer_engines():
+    """The tensor-parallel pass shards the emulated and torch linears: precision.backend=te with tp > 1 is refused
+    at start, auto never picks te under tp, and the planner plans NVFP4 under tp on Blackwell as emulated while FP8
+    on Hopper stays native (torch._scaled_mm)."""
+    import torch
+
+    from models.quant.recipe import resolve_backend
+    from trainer.config import compose
+    from trainer.hardware import GPUS
+    from trainer.planning.layout import resolve_layout
+    from trainer.validate import validate_train_config
+
+    with pytest.raises(ConfigError, match="precision.backend=te with parallel.tp > 1"):
+        validate_train_config(compose(["+experiment=nvfp4_12b", "parallel.tp=2", "precision.backend=te"]))
+    nvfp4 = compose(["+experiment=nvfp4_12b"]).precision
+    with pytest.raises(ValueError, match="not Transformer Engine's"):
+        resolve_backend(dataclasses.replace(nvfp4, backend="te"), torch.device("cpu"), tensor_parallel=True)
+    assert resolve_backend(nvfp4, torch.device("cpu"), tensor_parallel=True) == "emulated"
+
+    def planned_backend(gpu: str, tp: int, *overrides: str) -> str:
+        cfg = compose(["+experiment=nvfp4_12b", "parallel=fsdp_ac", f"parallel.tp={tp}", *overrides])
+        return resolve_layout(cfg, GPUS[gpu], 64).backend
+
+    assert planned_backend("B200", 1) == "native"
+    assert planned_backend("B200", 2) == "emulated"
+    # per-tensor FP8 (its in_proj shards need no 128-row tiles) stays native on Hopper under tp
+    assert planned_backend("H100", 2, "precision.format=fp8_tensor") == "native"

@@ -200,6 +200,11 @@ def gemm_formats(model: ModelConfig, precision) -> Dict[str, Dict[str, str]]:
 
 
 def _backend(cfg: TrainConfig, gpu: GpuSpec) -> str:
+    """'none', 'native' or 'emulated' as models.quant.recipe.resolve_backend decides on this GPU. Under tensor
+    parallelism only a format torch runs natively (FP8 on Hopper) stays native: the tensor-parallel pass shards
+    the project's own layers, not Transformer Engine's, so NVFP4 and MXFP8 under tp > 1 are emulated."""
+    from models.quant.format_registry import format_spec
+
     precision = cfg.precision
     if precision.format == "bf16":
         return "none"
@@ -207,6 +212,8 @@ def _backend(cfg: TrainConfig, gpu: GpuSpec) -> str:
     if fmt is None:
         raise _config_error(f"precision.format {precision.format!r} has no cost model; known: {sorted(RECIPE_FORMATS)}")
     native = FORMAT_COSTS[fmt].peak_key in gpu.peak_flops and gpu.name != "CPU"
+    if native and cfg.parallel.tp > 1:
+        native = format_spec(precision.format).runs_natively("torch", gpu.capability)
     return "native" if native and precision.backend != "emulated" else "emulated"
 
 
