@@ -21,7 +21,7 @@ archives), and `list_files` the files searched for the place of an undecodable b
 
 manifest.json is written last and marks the directory complete. `prepare_source` holds a file
 lock (``<directory>.lock``) while it prepares, so concurrent processes (the ranks of a run, a
-second scripts/prepare_data.py into the same --out, a run starting while the script prepares)
+second `python -m trainer.prepare_data` into the same --out, a run starting while the script prepares)
 prepare a source once: the others wait, then verify and use the result. Work that was started
 with other settings (tokenizer, source files, hold-out, chunk size: prepare-settings.json) is
 refused, never mixed in.
@@ -528,7 +528,7 @@ def ensure_prepared(cfg: DataConfig, source: SourceConfig, tokenizer: Tokenizer,
         if not cfg.auto_prepare:
             raise DataError(
                 f"source {source.name!r}: no prepared shards at {directory} and data.auto_prepare is false; "
-                "run `python scripts/prepare_data.py` with this data config first"
+                "run `python -m trainer.prepare_data` with this data config first"
             )
         with preparation_lock(directory):  # another process preparing it: wait, then use its work
             if not (directory / "manifest.json").is_file():
@@ -575,7 +575,7 @@ def check_prepared_source(directory: Path, cfg: DataConfig, source: SourceConfig
         return
     where = f"data.prepared_dir: {directory} holds shards of another source than {_where(source)}"
     advice = ("point data.prepared_dir at this source's shards, or prepare this source into another directory "
-              "(scripts/prepare_data.py with this data config and another --out)")
+              "(`python -m trainer.prepare_data` with this data config and another --out)")
     if recorded.get("kind") != source.kind:
         raise DataError(f"{where}: they were prepared from a {recorded.get('kind')!r} source ({manifest_path}), this "
                         f"one is {source.kind!r}; {advice}")

@@ -106,7 +106,8 @@ def read_manifest(directory: Path) -> dict:
     path = directory / "manifest.json"
     if not path.is_file():
         state = "does not exist" if not directory.exists() else "holds no manifest.json (preparation incomplete)"
-        raise DataError(f"prepared dataset {directory} {state}: run scripts/prepare_data.py (or enable data.auto_prepare)")
+        raise DataError(f"prepared dataset {directory} {state}: run `python -m trainer.prepare_data` "
+                        "(or enable data.auto_prepare)")
     manifest = read_json(path)
     if manifest.get("format") != FORMAT_NAME or manifest.get("version") != FORMAT_VERSION:
         raise DataError(

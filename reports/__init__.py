@@ -2,5 +2,6 @@
 loss-curve comparisons of runs (compare_runs). The precision study (run it, tabulate and plot it) is its own
 package, study/.
 
-Library code only: scripts/gemm_report.py and compare_runs.py are their command lines and printing.
+Each tool is a package: its library in `__init__`, its command line and printing in `__main__`
+(`python -m reports.gemm_report`, `python -m reports.compare_runs`, installed with the wheel).
 """

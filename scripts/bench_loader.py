@@ -5,7 +5,7 @@
 
 Writes a synthetic prepared source (uint32 tokens < 131072, the 12B vocabulary; documents of
 random lengths; several shards so windows cross shard boundaries) with the same writer and
-format as scripts/prepare_data.py, opens it with checksum verification (timed: the per-process
+format as `python -m trainer.prepare_data`, opens it with checksum verification (timed: the per-process
 open cost), then times `next(loader)` for micro batches 1 x 8192 and 8 x 8192, with and without
 document ids, on one process (the loader has no workers). The files were just written, so
 they sit in the page cache: this measures the loader, not the disk (at 4 bytes a token,

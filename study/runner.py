@@ -3,7 +3,7 @@
 A model of the study's size leaves most of an H200 idle, so several `python -m trainer`
 processes share it (docs/study.md has the aggregate tokens/s). The runner:
 
-1. prepares the corpus once into ``prepared_dir`` (scripts/prepare_data.py, all cores) and
+1. prepares the corpus once into ``prepared_dir`` (python -m trainer.prepare_data, all cores) and
    hashes what it holds (tokenizer and shard checksums, data.shards.content_sha256: the same
    tokens prepared again give the same hash), so every run records which tokens it trained on;
 2. keeps up to ``parallel`` runs going, starting the next as one ends; a run is not started when
@@ -197,7 +197,7 @@ def _copy_kept_files(source: Path, target: Path) -> None:
 
 # ---------------------------------------------------------------------------------- running
 def prepare_corpus(prepared_dir: Path, data_config: str, echo: Echo) -> dict:
-    command = [sys.executable, str(ROOT / "scripts" / "prepare_data.py"), "--config", data_config,
+    command = [sys.executable, "-m", "trainer.prepare_data", "--config", data_config,
                f"prepared_dir={prepared_dir}", "num_proc=0"]
     echo("+ " + shlex.join(command))
     started = time.perf_counter()

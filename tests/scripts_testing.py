@@ -1,4 +1,5 @@
-"""Run a script of scripts/ as a user does: `python scripts/<name>.py ARGS`, in a separate process.
+"""Run a command line as a user does, in a separate process: an installed one as `python -m <module> ARGS`
+(`run_script("trainer.export_hf", ...)`), a repository tool as `python scripts/<name>.py ARGS`.
 
 Scripts import the packages plainly (no sys.path edits): a user's `pip install -e .` makes them
 importable; here PYTHONPATH names this checkout, which is what that install amounts to. Tests
@@ -23,11 +24,13 @@ class ScriptFailed(SystemExit, Exception):
 
 
 def run_script(name: str, *arguments, cwd=None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run scripts/<name>.py with these arguments; a non-zero exit raises ScriptFailed."""
+    """Run `python -m <name>` (a dotted module name) or scripts/<name>.py with these arguments; a non-zero
+    exit raises ScriptFailed."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, str(REPOSITORY / "scripts" / f"{name}.py"), *map(str, arguments)],
+    command = ["-m", name] if "." in name else [str(REPOSITORY / "scripts" / f"{name}.py")]
+    result = subprocess.run([sys.executable, *command, *map(str, arguments)],
                             cwd=cwd or REPOSITORY, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
-        raise ScriptFailed(f"scripts/{name}.py exited with status {result.returncode}:\n{result.stderr[-4000:]}")
+        raise ScriptFailed(f"{' '.join(command)} exited with status {result.returncode}:\n{result.stderr[-4000:]}")
     return result

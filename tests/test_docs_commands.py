@@ -4,8 +4,9 @@ Commands are taken from ```bash blocks, `$ ` lines of transcripts and inline cod
 with a program (python, torchrun, pip, pytest, sbatch); `&&` chains are split. Each is handled
 by what it needs:
 
-- CPU-runnable (`python -m trainer ...`, scripts/prepare_data.py, gemm_report.py,
-  compare_runs.py, export_hf.py, bench_loader.py): run in a scratch directory with the
+- CPU-runnable (`python -m trainer ...`, the installed command lines `python -m trainer.prepare_data`,
+  `reports.gemm_report`, `reports.compare_runs`, `trainer.export_hf`, `trainer.plan_run`, and the
+  repository's scripts/bench_loader.py): run in a scratch directory with the
   placeholder paths of the docs (/data/corpus, /models/..., /lustre/...) pointing at tiny
   stand-ins and tiny overrides appended (a 6-block model, one step, a 512-token vocabulary);
 - GPU, multi-node or network lines (torchrun, sbatch, the benchmarks, `--measure`,
@@ -14,7 +15,8 @@ by what it needs:
   `bash -n` for the SLURM script), not run;
 - installs (`pip install ...`): the extras they name exist and pinned packages are the ones CI
   installs (.ci/run); pytest lines: their paths (and node ids' test functions) exist and their markers are registered;
-- templates (`+experiment=<experiment>`) are not commands and are skipped.
+- templates (`+experiment=<experiment>`) are not commands and are skipped; an installed command named
+  without arguments in prose (`python -m reports.compare_runs`) must answer `--help`.
 
 Scripts that write into the repository (study_report: docs/study.md, docs/images) write into
 the scratch directory instead; the study scripts read the repository's study file; run_study runs
@@ -42,6 +44,12 @@ DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "doc
 PROGRAMS = ("python ", "python3 ", "torchrun ", "pip ", "pytest", "sbatch ", "export ")
 GPU_SCRIPTS = {"benchmark", "bench_mamba", "bench_quant", "bench_fp8_linear"}
 """Scripts that measure a CUDA GPU: parsed only."""
+INSTALLED_COMMANDS = {"trainer.prepare_data": "prepare_data", "trainer.plan_run": "plan_run",
+                      "trainer.export_hf": "export_hf", "trainer.slurm": "slurm",
+                      "reports.compare_runs": "compare_runs", "reports.gemm_report": "gemm_report"}
+"""`python -m MODULE` command lines the wheel installs -> the name the rules below know them by. The docs
+name these, never a scripts/ path for them: scripts/ holds the repository's own tools (benchmarks, the
+study), which the wheel does not carry."""
 TINY_TRAINER = [
     "model=tiny", "model.vocab_size=512", "parallel=data_parallel", "parallel.compile=false", "data=builtin",
     "precision.keep_indivisible_in_bf16=true",  # tiny dims do not divide FP8's 128-blocks
@@ -60,6 +68,8 @@ class Command:
     document: str
     line: int
     text: str
+    inline: bool = False
+    """Inline code in prose (`...`), not a line of a fenced block."""
 
     def __str__(self) -> str:
         return f"{self.document}:{self.line}: {self.text}"
@@ -80,9 +90,9 @@ def extract_commands(document: str) -> list:
             found.append(Command(document, first_line + offset, line.removeprefix("$ ")))
     for span in re.finditer(r"(?<!`)`([^`\n]+)`(?!`)", text):
         if span.group(1).startswith(PROGRAMS):
-            found.append(Command(document, text[: span.start()].count("\n") + 1, span.group(1)))
+            found.append(Command(document, text[: span.start()].count("\n") + 1, span.group(1), inline=True))
     found.sort(key=lambda command: command.line)
-    return [Command(c.document, c.line, part.strip()) for c in found for part in c.text.split("&&")]
+    return [Command(c.document, c.line, part.strip(), c.inline) for c in found for part in c.text.split("&&")]
 
 
 def _joined_lines(body: str):
@@ -173,7 +183,11 @@ class _Parsed(Exception):
 
 
 def _load_script(name: str):
-    """scripts/<name>.py as a module (registered in sys.modules, as its dataclasses need)."""
+    """scripts/<name>.py as a module (registered in sys.modules, as its dataclasses need), or the command line
+    of an installed module (`reports.compare_runs` -> its package's __main__)."""
+    if "." in name:
+        spec = importlib.util.find_spec(name)
+        return importlib.import_module(f"{name}.__main__" if spec.submodule_search_locations else name)
     module_name = f"_docs_script_{name}"
     if module_name not in sys.modules:
         spec = importlib.util.spec_from_file_location(module_name, ROOT / "scripts" / f"{name}.py")
@@ -186,7 +200,7 @@ def _load_script(name: str):
 def _run_script(name: str, arguments: list, monkeypatch, parse_only: bool):
     """Run scripts/<name>.py's main() in-process with these arguments (or only its argparse)."""
     module = _load_script(name)
-    monkeypatch.setattr(sys, "argv", [f"scripts/{name}.py", *arguments])
+    monkeypatch.setattr(sys, "argv", [module.__file__, *arguments])
     if parse_only:
         original = argparse.ArgumentParser.parse_args
 
@@ -200,7 +214,7 @@ def _run_script(name: str, arguments: list, monkeypatch, parse_only: bool):
         return module, parsed.value.args[0]
     # The exit status the command would end with: SystemExit's code, or main()'s return value where
     # the script's __main__ block exits with it (`sys.exit(main())`); others ignore what main returns.
-    passes_result = re.search(r"exit\(main\(", (ROOT / "scripts" / f"{name}.py").read_text()) is not None
+    passes_result = re.search(r"exit\(main\(", Path(module.__file__).read_text()) is not None
     try:
         result = module.main()
         status = result if passes_result else 0
@@ -249,14 +263,14 @@ def _fake_run(path: Path) -> None:
 
 
 _HANDLED: dict = {}
-"""Command text -> what was done: a command repeated in several documents runs once."""
+"""(command text, inline) -> what was done: a command repeated in several documents runs once."""
 
 
 def handle(command: Command, workspace, monkeypatch, index: int) -> str:
     """Run or parse one command (once per text); returns what was done (for the log)."""
-    if command.text not in _HANDLED:
-        _HANDLED[command.text] = _handle(command, workspace, monkeypatch, index)
-    return _HANDLED[command.text]
+    if (command.text, command.inline) not in _HANDLED:
+        _HANDLED[command.text, command.inline] = _handle(command, workspace, monkeypatch, index)
+    return _HANDLED[command.text, command.inline]
 
 
 def _handle(command: Command, workspace, monkeypatch, index: int) -> str:
@@ -278,23 +292,40 @@ def _handle(command: Command, workspace, monkeypatch, index: int) -> str:
         assert launch.module and launch.training_script == "trainer", command
         _parse_trainer(launch.training_script_args)
         return "parsed (torchrun + trainer)"
-    if program == "sbatch":
-        script = next(w for w in words[1:] if w.endswith(".sh"))
-        subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
+    if program == "sbatch":  # the installed launcher, found as the docs find it: "$(python -m trainer.slurm)"
+        from trainer.slurm import SCRIPT
+
+        script = next(w for w in words[1:] if w.endswith(".sh") or w == "$(python -m trainer.slurm)")
+        assert script == "$(python -m trainer.slurm)", f"{command}: name the installed launcher, not a path"
+        subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
         _parse_trainer(words[words.index(script) + 1:])
         return "parsed (sbatch script + trainer)"
     assert program in ("python", "python3"), f"no rule for {command}"
+    if words[1:] == ["-m", "trainer", "--help"]:
+        from trainer.__main__ import cli
+
+        monkeypatch.setattr(sys, "argv", ["trainer", "--help"])
+        cli()  # prints its help and returns, as `python -m trainer --help` exits 0
+        return "ran (--help)"
     if words[1:3] == ["-m", "trainer"]:
         _run_trainer(words[3:], workspace, index)
         return "ran (tiny)"
-    script = Path(words[1])
-    assert script.parent.as_posix() == "scripts" and (ROOT / script).is_file(), f"no such script: {command}"
-    name, arguments = script.stem, words[2:]
+    if words[1] == "-m":
+        assert words[2] in INSTALLED_COMMANDS, f"no rule for the module of {command}"
+        target, name, arguments = words[2], INSTALLED_COMMANDS[words[2]], words[3:]
+        if not arguments and command.inline:  # named in prose ("two `python -m trainer.prepare_data` ..."): --help
+            _, status = _run_script(target, ["--help"], monkeypatch, parse_only=False)
+            assert status == 0, f"{command} --help ended with status {status}"
+            return "named (--help)"
+    else:
+        script = Path(words[1])
+        assert script.parent.as_posix() == "scripts" and (ROOT / script).is_file(), f"no such script: {command}"
+        target, name, arguments = script.stem, script.stem, words[2:]
     if name in GPU_SCRIPTS or "--measure" in arguments or "--wandb-online" in arguments:
-        _run_script(name, arguments, monkeypatch, parse_only=True)
+        _run_script(target, arguments, monkeypatch, parse_only=True)
         return "parsed (GPU or network)"
     if name == "prepare_data":
-        module, flags = _run_script(name, arguments, monkeypatch, parse_only=True)
+        module, flags = _run_script(target, arguments, monkeypatch, parse_only=True)
         cfg = module.load_data_config(flags.config, flags.overrides, flags)
         if any(source.kind == "hf" for source in cfg.sources):
             return "parsed (Hub source: network)"
@@ -312,7 +343,7 @@ def _handle(command: Command, workspace, monkeypatch, index: int) -> str:
     if name in ("run_study", "study_report"):  # the study file is the repository's, named from its root
         arguments = [str(ROOT / a) if not Path(a).exists() and (ROOT / a).is_file() else a for a in arguments]
     if name == "run_study" and "--list" not in arguments:
-        _run_script(name, arguments, monkeypatch, parse_only=True)
+        _run_script(target, arguments, monkeypatch, parse_only=True)
         return "parsed (GPU runs)"
     if name == "study_report":  # it rewrites docs/study.md and docs/images: a copy and a scratch folder instead
         copy = workspace["root"] / "docs" / "study.md"
@@ -323,7 +354,7 @@ def _handle(command: Command, workspace, monkeypatch, index: int) -> str:
         arguments = arguments + ["--gb", "0.01", "--dir", str(workspace["root"])]
     if name == "bench_loader":
         arguments = arguments + ["--tokens", "2e5", "--shards", "2", "--seq-len", "256", "--seconds", "0.05"]
-    _, status = _run_script(name, arguments, monkeypatch, parse_only=False)
+    _, status = _run_script(target, arguments, monkeypatch, parse_only=False)
     # bench_loader exits 1 when this machine reads below its speed bar: a measurement, not a failure
     assert status in ((0, 1) if name == "bench_loader" else (0,)), f"{command} ended with status {str(status)[:500]}"
     return "ran"
@@ -386,3 +417,34 @@ def test_every_command_runs_as_written(document, workspace, monkeypatch):
         except BaseException as error:  # noqa: BLE001 - name the command whatever failed
             raise AssertionError(f"{command}\nfailed: {type(error).__name__}: {error}") from error
     print("\n".join(done))
+
+
+def test_messages_and_shipped_files_name_commands_an_installed_wheel_has():
+    """What the packages print (their string literals, docstrings aside), the configs and the SLURM launcher the
+    wheel ships name `python -m` commands, never a scripts/ path: the wheel carries no scripts/, and a message
+    pointing there fails everyone who installed it (the preflight once said `scripts/plan_run.py ...`)."""
+    import ast
+
+    found = []
+    for package in ("trainer", "models", "data", "fileio", "reports", "benchmarks", "study"):
+        for path in (ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}  # attributes' too
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.strip()[:120]}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str) and "scripts/" in node.value
+                      and id(node) not in docstrings]
+    for path in [*(ROOT / "configs").rglob("*.yaml"), ROOT / "trainer" / "slurm_train.sh"]:
+        found += [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                  for number, line in enumerate(path.read_text().splitlines(), 1) if "scripts/" in line]
+    assert not found, "\n".join(found)
+    for module in INSTALLED_COMMANDS:  # each is a module the packages hold, with a main()
+        assert callable(getattr(_load_script(module), "main", None)), module
+
+
+def test_the_readme_gives_the_cpu_build_of_torch_before_anything_a_reader_pip_installs():
+    """Read top to bottom, the README's first install is PyTorch's CPU build: `pip install -e .` before it would
+    have pulled the CUDA build (several GB) onto a CPU-only machine."""
+    commands = [command for command in ALL_COMMANDS if command.document == "README.md"]
+    installs = [command for command in commands if command.text.startswith("pip install")]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in installs[0].text and "torch==" in installs[0].text
+    assert installs[1].text == "pip install -e ." and installs[1].line == installs[0].line + 1

@@ -152,3 +152,28 @@ def test_the_readme_and_performance_md_stay_short():
         if line.strip():
             paragraph.append(line)
     assert 0 < len(paragraph) <= 6, f"the README's test paragraph has {len(paragraph)} lines (at most 6)"
+
+
+def _table_row(text: str, label: str) -> list:
+    """The numbers of the Markdown table row whose first cell is ``label`` (None for an empty cell)."""
+    row = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+    return [float(cell) if cell.strip() else None for cell in row.strip().strip("|").split("|")[1:]]
+
+
+def test_the_quickstart_table_states_a_tolerance_its_fresh_run_keeps():
+    """README's quickstart table gives a tolerance; docs/reporting.md's fresh run of the same command lies within
+    it, the README's largest difference seen is that run's, and the reference rows there are the README's."""
+    readme, reporting = README.read_text(), (ROOT / "docs" / "reporting.md").read_text()
+    stated = re.search(r"A fresh run lands within ([\d.]+)% of these \(the largest difference seen: ([\d.]+)%\)",
+                       readme.replace("\n", " "))
+    assert stated, "README.md: the quickstart's tolerance sentence is gone"
+    tolerance, largest = float(stated.group(1)) / 100, float(stated.group(2)) / 100
+    differences = []
+    for readme_label, label in (("loss (mean of the last 10 steps)", "loss"), ("validation loss", "validation loss")):
+        reference = _table_row(readme, readme_label)
+        assert _table_row(reporting, f"{label}, README") == reference
+        for was, now in zip(reference, _table_row(reporting, f"{label}, fresh run")):
+            if was is not None:
+                differences.append(abs(now / was - 1))
+    assert len(differences) == 9 and max(differences) <= tolerance
+    assert round(max(differences), 4) == pytest.approx(largest)

@@ -1,4 +1,6 @@
-"""Install it anywhere: the wheel (and an editable install) runs the quickstart from any directory.
+"""Install it anywhere: the wheel (and an editable install) runs the quickstart from any directory, every
+command line a message or a doc names runs from the installed wheel (`python -m trainer.plan_run`, ...,
+never a scripts/ path), and building leaves the source tree as it was (no build/, no egg-info).
 
 Each install goes into a throwaway virtual environment layered on this one (a .pth line adds
 this interpreter's site-packages, so torch & co. are not installed again: seconds, no network).
@@ -25,6 +27,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ["-m", "trainer", "+experiment=quickstart", "train.steps=3"]
 SHADOWING_FOLDERS = ("data", "models", "trainer", "fileio", "configs")
+INSTALLED_COMMANDS = ("trainer.prepare_data", "trainer.plan_run", "trainer.export_hf", "trainer.slurm",
+                      "reports.compare_runs", "reports.gemm_report")
+"""The tools a user runs, as `python -m MODULE` (tests/test_docs_commands.py checks the docs name these)."""
 NOT_SOURCE = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist", "outputs", "runs", "wandb",
                                     ".pytest_cache", ".venv", ".whl", ".te", "*.pyc")
 
@@ -107,14 +112,57 @@ def build_wheel(source: Path, dist: Path) -> Path:
     return next(dist.glob("hybrid_nvfp4-*.whl"))
 
 
+def _tree(root: Path) -> set:
+    return {path.relative_to(root).as_posix() for path in root.rglob("*")}
+
+
 def test_wheel_holds_the_configs_and_the_packages(source, tmp_path):
+    before = _tree(source)
     names = set(zipfile.ZipFile(build_wheel(source, tmp_path)).namelist())
+    assert _tree(source) == before  # no build/ (stale modules went into later wheels), no egg-info
     shipped = {f"configs/{p.relative_to(ROOT / 'configs').as_posix()}" for p in (ROOT / "configs").rglob("*.yaml")}
     assert shipped and shipped <= names, sorted(shipped - names)
     assert {"trainer/__main__.py", "data/__init__.py", "models/__init__.py", "models/quant/linear.py"} <= names
     assert {"data/sources/kind.py", "trainer/checkpoint/checkpointer.py", "trainer/hf/export.py",
-            "fileio/hashing.py", "study/runner.py", "reports/compare_runs.py"} <= names  # the subpackages too
-    assert not any(name.startswith(("tests/", "scripts/", "docs/")) for name in names)
+            "fileio/hashing.py", "study/runner.py", "reports/compare_runs/__init__.py"} <= names  # the subpackages too
+    assert {"trainer/plan_run.py", "trainer/prepare_data.py", "trainer/export_hf.py", "trainer/slurm.py",
+            "trainer/slurm_train.sh", "reports/compare_runs/__main__.py", "reports/gemm_report/__main__.py"} <= names
+    assert not any(name.startswith(("tests/", "scripts/", "docs/", "setup.py", "build/")) for name in names)
+
+
+def test_pip_install_dot_leaves_the_source_tree_as_it_was(source, tmp_path):
+    """`pip install .` as the README has it (here into a folder, not an environment): setuptools builds in a
+    temporary directory (setup.py), so nothing appears beside the sources."""
+    before = _tree(source)
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                             "-q", "--target", str(tmp_path / "target"), "."], cwd=source, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "target" / "trainer" / "plan_run.py").is_file()
+    assert _tree(source) == before, sorted(_tree(source) - before)
+
+
+def test_every_installed_command_runs_from_the_wheel_in_an_empty_directory(source, home, tmp_path):
+    python = layered_venv(tmp_path / "venv")
+    pip_install(python, str(build_wheel(source, tmp_path / "dist")))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for module in INSTALLED_COMMANDS:
+        result = subprocess.run([str(python), "-m", module, "--help"], cwd=empty, env=env, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0, (module, result.stderr[-2000:])
+        assert result.stdout.startswith(f"usage: python -m {module}"), (module, result.stdout[:300])
+    launcher = subprocess.run([str(python), "-m", "trainer.slurm"], cwd=empty, env=env, capture_output=True, text=True,
+                              timeout=120).stdout.strip()
+    assert launcher.endswith("trainer/slurm_train.sh") and Path(launcher).is_file()
+    assert Path(launcher).is_relative_to(tmp_path / "venv")  # the wheel's copy, not the checkout's
+    subprocess.run(["bash", "-n", launcher], check=True)
+    plan = subprocess.run([str(python), "-m", "trainer.plan_run", "+experiment=nvfp4_12b", "--gpu", "B200", "--gpus",
+                           "64"], cwd=empty, env=env, capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    start = next(line for line in plan.stdout.splitlines() if line.startswith("Start it: "))
+    assert '"$(python -m trainer.slurm)"' in start and "scripts/" not in plan.stdout  # what it prints runs here too
 
 
 def test_wheel_and_editable_installs_run_the_quickstart_anywhere(source, home, tmp_path):

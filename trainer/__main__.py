@@ -218,7 +218,7 @@ def user_errors() -> tuple:
 
 def override_refusal(overrides) -> Optional[str]:
     """What a start prints for the first override whose key is not in the schema (None if every key is).
-    scripts/plan_run.py prints the same, so the planner and the trainer refuse alike."""
+    `python -m trainer.plan_run` prints the same, so the planner and the trainer refuse alike."""
     for argument in overrides:
         message = unknown_key_message(argument)
         if message:
@@ -258,8 +258,16 @@ resumes from the newest intact checkpoint. Config groups: model, precision, data
 logging, experiment (configs/); every field is documented in trainer/config.py and data/config.py.
 --cfg job prints the composed config; --hydra-help shows Hydra's own options.
 
-Docs: README.md, docs/ARCHITECTURE.md, docs/data.md, docs/reliability.md, docs/planning.md.
-Tools: scripts/prepare_data.py (data), scripts/plan_run.py (what fits), scripts/export_hf.py (Hugging Face)."""
+Tools (each answers --help):
+  python -m trainer.prepare_data     tokenize a corpus into shards (data.prepared_dir)
+  python -m trainer.plan_run         what fits on N GPUs of a kind: layout, memory, step time, cost
+  python -m trainer.export_hf        a checkpoint as a Hugging Face directory
+  python -m reports.compare_runs     loss curves of runs side by side
+  python -m reports.gemm_report      every GEMM of a step and what each format buys
+  sbatch --nodes=N "$(python -m trainer.slurm)" OVERRIDES   the SLURM launcher
+
+Docs (in the source repository): README.md, docs/ARCHITECTURE.md, docs/data.md, docs/reliability.md,
+docs/planning.md."""
 
 
 def cli() -> None:

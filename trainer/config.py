@@ -346,7 +346,7 @@ TRAIN_LEVEL_OVERRIDES = ("data.", "data=", "+data", "experiment=", "+experiment=
 
 def compose_data(config: Optional[str | os.PathLike] = None, overrides: Sequence[str] = (),
                  validate: bool = True) -> DataConfig:
-    """The DataConfig a training run reads with ``data=<config>`` and these overrides (scripts/prepare_data.py).
+    """The DataConfig a training run reads with ``data=<config>`` and these overrides (python -m trainer.prepare_data).
 
     ``config`` is a name under configs/data/ or a yaml file (None: the default, train.yaml's);
     ``overrides`` are DataConfig keys (``num_proc=3``) or train-level ones (``+experiment=...``,

@@ -59,7 +59,7 @@ from trainer.hardware import bf16_peak_flops
 from trainer.heartbeat import raise_if_collective_timeout
 from trainer.hf.load import adopt_hf_architecture, load_hf_weights
 from trainer.metrics import MetricsLogger
-from trainer.optim import build_optimizer, lr_at, set_lr
+from trainer.optim import build_optimizer, lr_at, schedule_warning, set_lr
 from trainer.preflight import PlanCheck
 from trainer.quant_report import QuantDiagnostics
 from trainer.run_info import write_run_description
@@ -132,7 +132,7 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
         flat=[state, skipper],
         nested={"data": loader, "guard": guard, "precision": precision, "log_window": log_window},
         records={"seed": cfg.seed,
-                 "model_config": dataclasses.asdict(cfg.model),  # lets scripts/export_hf.py rebuild the model
+                 "model_config": dataclasses.asdict(cfg.model),  # lets `python -m trainer.export_hf` rebuild the model
                  "tokenizer": tokenizer.record,  # and export the tokenizer it was trained with (path, sha256)
                  "corpus": loader.corpus_identity(), "config": dataclasses.asdict(cfg)})  # compared on resume
     checkpointer = Checkpointer(cfg.checkpoint, run_dir, env, model_config=cfg.model, precision_backend=plan.backend)
@@ -263,15 +263,15 @@ def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer,
     if not env.is_main:
         return
     plan_text = plan.render()
-    print(plan_text, flush=True)
+    logger.echo(plan_text)  # above the progress bar, which is drawn already
     (run_dir / "precision_plan.txt").write_text(plan_text + "\n")
     run_plan = config_extra["run_plan"].as_dict() if config_extra["run_plan"] is not None else None
     startup = config_extra["startup"]
     layout_record = startup.record() if startup is not None else None
     if startup is not None and startup.choice is not None:
-        print(startup.choice.line(), flush=True)  # parallel=auto's layout, planned step time and MFU
+        logger.echo(startup.choice.line())  # parallel=auto's layout, planned step time and MFU
     if startup is not None and startup.batch.adjusted:
-        print(startup.batch.announcement(), flush=True)
+        logger.echo(startup.batch.announcement())
     write_run_description(cfg, run_dir, world_size=env.world_size, device=env.device, tokenizer=tokenizer.record,
                           plan=run_plan, start=layout_record,
                           names=start_record_names(run_dir, state.step),  # each start's own
@@ -295,6 +295,9 @@ def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer,
             logger.event(state.step, name, **fields)
     elif cfg.checkpoint.init_from_hf:
         logger.event(state.step, "init_from_hf", path=str(cfg.checkpoint.init_from_hf))
+    warning = schedule_warning(cfg.optim, cfg.train.steps)  # a run no longer than its warm-up, say
+    if warning is not None:
+        logger.event(state.step, "lr_schedule_warning", **warning)
 
 
 def _halt_message(guard: StepGuard, cfg: TrainConfig, step: int, streak: list[int]) -> str:

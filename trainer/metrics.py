@@ -38,6 +38,9 @@ from fileio.oserrors import explain_write_failure
 from trainer.config import TrainConfig
 from trainer.wandb_report import comparison_group
 
+_PYTHONS_SHOWWARNING = warnings.showwarning
+"""The warnings module's own printer: the bar replaces only this one, never a hook someone installed."""
+
 W_AND_B_KEYS = {"tokens": "tokens", "val_loss": "val/loss"}
 """metrics.jsonl key -> W&B key where it is not train/<key>."""
 
@@ -46,6 +49,11 @@ def _jsonable(value):
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # JSON has no NaN/Inf; keep them visible rather than drop the line
     return value
+
+
+def _shown(value) -> str:
+    """An event field as the console shows it: floats to 4 significant digits (events.jsonl keeps them whole)."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 SUPERSEDED_METRICS = "metrics.superseded.jsonl"
@@ -100,12 +108,37 @@ class MetricsLogger:
         self._events = open(self.run_dir / "events.jsonl", "a", buffering=1)
         if self.superseded:
             self.event(start_step, "metrics_superseded", **self.superseded)
+        self._shown_warning = None  # warnings.showwarning as it was before the bar took it over
         if cfg.logging.progress_bar:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, desc=cfg.name or "train", unit="step",
                              dynamic_ncols=True)
+            # A warning printed while the bar is drawn would land on the bar's line (both go to stderr,
+            # and the bar's line has no newline): each is written above the bar instead, in one line.
+            if warnings.showwarning is _PYTHONS_SHOWWARNING:
+                self._shown_warning, warnings.showwarning = warnings.showwarning, self._show_warning
         self._wandb = _start_wandb(cfg, self.run_dir)
+
+    def echo(self, text: str) -> None:
+        """Print a message for the console (rank 0), above the progress bar when one is drawn."""
+        if not self.is_main:
+            return
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def _show_warning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        """warnings.showwarning while the bar is drawn: `file:line: Category: message`, above the bar.
+
+        Without the source line that warnings.formatwarning adds: it is the line at the warning's
+        stack level, which for a warning raised inside a decorated torch function is the decorator's
+        `return func(*args, **kwargs)`, telling the reader nothing."""
+        if file not in (None, sys.stderr) or self._bar is None:
+            self._shown_warning(message, category, filename, lineno, file, line)
+            return
+        self._bar.write(f"{filename}:{lineno}: {category.__name__}: {message}", file=sys.stderr)
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.is_main:
@@ -159,11 +192,7 @@ class MetricsLogger:
             return
         line = {"step": step, "event": name, "time": time.time(), **{k: _jsonable(v) for k, v in fields.items()}}
         self._write(self._events, json.dumps(line) + "\n")
-        message = f"[step {step}] {name}: " + ", ".join(f"{k}={v}" for k, v in fields.items())
-        if self._bar is not None:
-            self._bar.write(message)
-        else:
-            print(message, flush=True)
+        self.echo(f"[step {step}] {name}: " + ", ".join(f"{k}={_shown(v)}" for k, v in fields.items()))
         if self._wandb is not None:
             try:
                 self._wandb.log({f"events/{name}": 1}, step=step)
@@ -197,6 +226,8 @@ class MetricsLogger:
             return
         if self._bar is not None:
             self._bar.close()
+            if self._shown_warning is not None and warnings.showwarning == self._show_warning:  # not if replaced since
+                warnings.showwarning = self._shown_warning
         for handle in (self._metrics, self._events):
             try:
                 handle.close()

@@ -68,6 +68,29 @@ def lr_at(step: int, total_steps: int, cfg: OptimConfig) -> float:
     raise ValueError(f"optim.schedule must be wsd, cosine or constant; got {cfg.schedule!r}")
 
 
+def schedule_warning(cfg: OptimConfig, total_steps: int) -> dict | None:
+    """The `lr_schedule_warning` event's fields when the warm-up does not end before the schedule moves on.
+
+    A run of no more steps than its warm-up ends at the top of the ramp: the learning rate only rose, and
+    the stable and decay phases never came. A WSD decay that starts inside the warm-up makes the rate
+    drop from the ramp onto the decay curve where the warm-up ends. Both are what the numbers say, and
+    both are legitimate for a smoke test (`train.steps=3` of the quickstart, whose warm-up is 20), so the
+    trainer starts and says so once (printed, and in events.jsonl) rather than refusing.
+    """
+    warmup = cfg.warmup_steps
+    if warmup >= total_steps:
+        return {"warmup_steps": warmup, "steps": total_steps, "last_lr": lr_at(total_steps - 1, total_steps, cfg),
+                "means": "the run ends inside its warm-up: the learning rate only rises and never decays; "
+                         "raise train.steps or lower optim.warmup_steps"}
+    if cfg.schedule == "wsd" and cfg.decay_fraction > 0:
+        decay_start = total_steps - max(1, round(cfg.decay_fraction * total_steps))
+        if decay_start < warmup:
+            return {"warmup_steps": warmup, "steps": total_steps, "decay_start_step": decay_start,
+                    "means": f"the decay starts inside the warm-up: at step {warmup} the learning rate drops from "
+                             f"the ramp onto the decay curve; lower optim.warmup_steps or optim.decay_fraction"}
+    return None
+
+
 def _decay_shape(shape: str, progress: float) -> float:
     """Fraction of the way from min_lr to lr left at `progress` in [0, 1] of the decay."""
     if shape == "linear":

@@ -100,9 +100,9 @@ def refusal_message(cfg: TrainConfig, plan: RunPlan, model) -> str:
             if fitting is not None:
                 fixes.append(f"  {fitting.layout.gpus} x {name}: {fitting.peak_memory_gib:.1f} GiB of "
                              f"{fitting.usable_memory_gib:.0f} usable per GPU, {fitting.step_time_s:.1f} s per step "
-                             f"(scripts/plan_run.py ... --gpu {name} --gpus {fitting.layout.gpus})")
+                             f"(python -m trainer.plan_run ... --gpu {name} --gpus {fitting.layout.gpus})")
     lines.append("What would fit:" if fixes else "No single change of activation checkpointing, micro-batch or "
-                 "device count makes it fit (scripts/plan_run.py plans other layouts).")
+                 "device count makes it fit (python -m trainer.plan_run plans other layouts).")
     lines += fixes
     lines.append("train.preflight=false starts it anyway; train.preflight_memory_gib=N plans for N GiB per device.")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ model; each refusal is one line naming the field (`ConfigError`, exit 2) or the 
   5. the preflight: the run planned on those devices; one that cannot fit stops   trainer.preflight
   6. the HF export directory (checkpoint.export_hf_at_end) and the experiment's data requirement
 
-scripts/plan_run.py runs steps 1, 3 and 4 (`settle_config`) for the world it is asked about, so the planner
+`python -m trainer.plan_run` runs steps 1, 3 and 4 (`settle_config`) for the world it is asked about, so the planner
 and the trainer accept and refuse the same inputs with the same message.
 """
 

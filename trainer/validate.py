@@ -260,7 +260,7 @@ def check_data_requirement(cfg: TrainConfig) -> None:
             f"data.prepared_dir={data.prepared_dir}: data.sources names the built-in corpus (source {builtin[0]!r}; "
             f"{where} {found}), and experiment {cfg.name!r} trains on {cfg.data_requirement}. Check the path, and "
             f"give the data config the shards there were prepared with (data=NAME or data.sources.0.*, as for "
-            f"scripts/prepare_data.py){holds}")
+            f"`python -m trainer.prepare_data`){holds}")
 
 
 def _prepared_kind(directory: Path) -> str:

@@ -1,4 +1,4 @@
-"""scripts/prepare_data.py (run as a user runs it): one source from flags (files, save_to_disk directories),
+"""`python -m trainer.prepare_data` (run as a user runs it): one source from flags (files, save_to_disk directories),
 configs and experiments through trainer.config.compose_data, and clear refusals of what it cannot read."""
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def _tokens(directory: Path) -> np.ndarray:
 
 
 def _prepare(*arguments):
-    return run_script("prepare_data", "--no-progress", *arguments, f"cache_dir={shared_builtin_cache()}").returncode
+    return run_script("trainer.prepare_data", "--no-progress", *arguments,
+                      f"cache_dir={shared_builtin_cache()}").returncode
 
 
 def test_readme_flags_prepare_one_source(tokenizer_file, tmp_path):
@@ -97,8 +98,8 @@ def test_configs_overrides_and_experiments_compose(tmp_path):
     cfg = compose_data(str(own), ["validation_fraction=0.5"])
     assert (cfg.seq_len, cfg.sources[0].name, cfg.validation_fraction) == (32, "mine", 0.5)
     with pytest.raises(SystemExit, match="path must be set"):
-        run_script("prepare_data", "--config", "local_jsonl")
+        run_script("trainer.prepare_data", "--config", "local_jsonl")
     with pytest.raises(SystemExit, match="nonexistent"):
-        run_script("prepare_data", "nonexistent_key=1")
+        run_script("trainer.prepare_data", "nonexistent_key=1")
     with pytest.raises(SystemExit, match="available"):
-        run_script("prepare_data", "--config", "no_such_config")
+        run_script("trainer.prepare_data", "--config", "no_such_config")

@@ -65,7 +65,7 @@ def test_a_micro_batch_larger_than_the_corpus_is_refused_naming_the_sizes(tmp_pa
 
 def test_two_preparations_into_one_directory_take_turns_and_both_succeed(tmp_path):
     write_jsonl(tmp_path / "corpus.jsonl", ascii_documents(3000, seed=4))
-    command = [sys.executable, str(ROOT / "scripts" / "prepare_data.py"), "--no-progress", "--source", "files",
+    command = [sys.executable, "-m", "trainer.prepare_data", "--no-progress", "--source", "files",
                "--path", str(tmp_path / "corpus.jsonl"), "--out", str(tmp_path / "out"), "--num-proc", "1",
                f"cache_dir={shared_builtin_cache()}", "builtin_vocab_size=1024", "builtin_corpus_mb=0.25",
                "documents_per_shard=150"]
@@ -119,7 +119,7 @@ def test_a_run_starting_while_the_script_prepares_its_directory_waits_and_uses_t
     import time
 
     write_jsonl(tmp_path / "corpus.jsonl", ascii_documents(3000, seed=6))
-    script = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "prepare_data.py"), "--no-progress",
+    script = subprocess.Popen([sys.executable, "-m", "trainer.prepare_data", "--no-progress",
                                "--source", "files", "--path", str(tmp_path / "corpus.jsonl"), "--out",
                                str(tmp_path / "out"), "--num-proc", "1", f"cache_dir={shared_builtin_cache()}",
                                "builtin_vocab_size=1024", "builtin_corpus_mb=0.25", "documents_per_shard=150"],

@@ -1,4 +1,5 @@
-"""reports.compare_runs (scripts/compare_runs.py) on synthetic runs whose relative difference is known by construction."""
+"""reports.compare_runs (its command line: `python -m reports.compare_runs`) on synthetic runs whose relative
+difference is known by construction."""
 
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ def test_bad_runs_fail_naming_the_culprit(tmp_path):
     with pytest.raises(ValueError, match="--wandb-online"):
         compare_runs.load_run("wandb:me/project/abc")
     with pytest.raises(SystemExit):
-        run_script("compare_runs", good)  # one run is nothing to compare
+        run_script("reports.compare_runs", good)  # one run is nothing to compare
 
 
 def test_wandb_report_logs_the_figure_offline(tmp_path, monkeypatch):
@@ -190,3 +191,62 @@ def test_noise_band_is_the_seed_twins_difference(tmp_path, capsys):
     assert band["stable_mean"] == pytest.approx(0.005, abs=1e-9) and band["decay_mean"] == pytest.approx(0.004, abs=1e-9)
     assert "noise +-" in capsys.readouterr().out
     assert (tmp_path / "plot.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def _short_run(directory, steps: int, decay_start: int, val_every: int, factor: float = 1.0):
+    """A run of ``steps`` with its own WSD schedule (warm-up 3 steps, decay after ``decay_start``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for step in range(1, steps + 1):
+        lr = 3e-3 * min(1.0, step / 3) if step <= decay_start else 3e-3 * (steps - step + 1) / (steps - decay_start + 1)
+        record = {"step": step, "tokens": step * TOKENS_PER_STEP, "loss": factor * loss_at(step), "lr": lr}
+        if step % val_every == 0:
+            record["val_loss"] = factor * (loss_at(step) + 0.1)
+        lines.append(json.dumps(record))
+    (directory / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def test_each_run_has_its_own_lr_phases_and_a_phase_counts_where_both_runs_are_in_it(tmp_path, capsys, monkeypatch):
+    """A 30-step reference (decay after step 24) against a 200-step run (decay after 160): the reference's decay
+    is B's stable phase, so no point of the overlap is in both runs' decay; B's decay is shaded from its own
+    step 160 in its colour, not from the reference's step 24 to B's end."""
+    reference = _short_run(tmp_path / "short", 30, 24, val_every=10)
+    long_run = _short_run(tmp_path / "long", 200, 160, val_every=10, factor=1.01)
+    spans = []
+    import matplotlib.axes
+
+    original = matplotlib.axes.Axes.axvspan
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvspan",
+                        lambda self, start, end, **kw: spans.append((start, end)) or original(self, start, end, **kw))
+    summary = compare_runs.compare_runs([reference, long_run], out=tmp_path / "p.png", json_path=tmp_path / "s.json")
+    printed = capsys.readouterr().out
+    (loss,) = summary["metrics"]["loss"]
+    assert loss["stable_mean"] == pytest.approx(0.01, abs=1e-12) and loss["decay_mean"] is None
+    per_run = summary["phases"]["per_run"]
+    assert per_run["short"]["decay_start_tokens"] == 24 * TOKENS_PER_STEP
+    assert per_run["long"]["decay_start_tokens"] == 160 * TOKENS_PER_STEP
+    assert "phases differ between the runs" in printed and "long: stable from" in printed
+    assert set(spans) == {(24 * TOKENS_PER_STEP, 30 * TOKENS_PER_STEP), (160 * TOKENS_PER_STEP, 200 * TOKENS_PER_STEP)}
+
+
+def test_runs_of_one_schedule_print_one_set_of_phases(tmp_path, capsys):
+    compare_runs.compare_runs([write_run(tmp_path / "a", 1.0, 1.0), write_run(tmp_path / "b", 1.01, 1.02)],
+                              out=tmp_path / "p.png")
+    assert "phases (from a's lr, the same in every run): stable from" in capsys.readouterr().out
+
+
+def test_validation_points_that_do_not_overlap_are_named_as_such_and_the_training_loss_still_compares(tmp_path, capsys):
+    """A validated only at step 30, B every 50 steps from step 50: no validation point in common."""
+    reference = _short_run(tmp_path / "ref", 30, 24, val_every=30)
+    other = _short_run(tmp_path / "other", 200, 160, val_every=50, factor=1.01)
+    summary = compare_runs.compare_runs([reference, other], out=tmp_path / "p.png", val=True)
+    printed = capsys.readouterr().out
+    assert "val_loss" not in summary["metrics"] and summary["metrics"]["loss"][0]["points"] == 30
+    assert "note: --val: the validation points of ref (tokens 9.83e+05..9.83e+05, 1) and other" in printed
+    assert "do not overlap: validation ran at other steps; other's val_loss is not compared" in printed
+
+
+def test_the_command_line_answers_help_as_an_installed_module():
+    printed = run_script("reports.compare_runs", "--help").stdout
+    assert printed.startswith("usage: python -m reports.compare_runs") and "--val" in printed

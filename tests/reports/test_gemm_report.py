@@ -1,4 +1,4 @@
-"""trainer.planning.gemm_costs and reports.gemm_report (scripts/gemm_report.py): the cost model against hand arithmetic, the recipe marks, the table and the CSV."""
+"""trainer.planning.gemm_costs and reports.gemm_report (`python -m reports.gemm_report`): the cost model against hand arithmetic, the recipe marks, the table and the CSV."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_recipe_marks_first_and_last_symbols_bf16():
 
 def test_cli_prints_grouped_table_and_writes_every_gemm_to_csv(tmp_path):
     out = tmp_path / "gemms.csv"
-    printed = run_script("gemm_report", "--config", "hybrid_12b", "--precision", "nvfp4", "--csv", out).stdout
+    printed = run_script("reports.gemm_report", "--config", "hybrid_12b", "--precision", "nvfp4", "--csv", out).stdout
     report = gemm_report.build_report(gemm_report.load_model_config("hybrid_12b"),
                                       precision=gemm_report.load_precision_config("nvfp4"))
     assert "mlp.down_proj" in printed and "Per layer type" in printed and "recipe nvfp4" in printed

@@ -137,7 +137,7 @@ def test_compare_runs_takes_seed_groups_and_agrees_with_the_report(tmp_path):
 
     runs = STUDY_FILE.parent / "9m"
     groups = [",".join(str(runs / arm / f"seed{seed}") for seed in (0, 1, 2)) for arm in ("bf16", "nvfp4")]
-    command = [sys.executable, str(REPOSITORY / "scripts" / "compare_runs.py"), *groups, "--labels", "bf16", "nvfp4",
+    command = [sys.executable, "-m", "reports.compare_runs", *groups, "--labels", "bf16", "nvfp4",
                "--out", str(tmp_path / "seeds.png"), "--json", str(tmp_path / "seeds.json")]
     result = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -147,7 +147,7 @@ def test_compare_runs_takes_seed_groups_and_agrees_with_the_report(tmp_path):
     assert (round(final["mean"], 2), round(final["low"], 2), round(final["high"], 2)) == parse_interval(rows["nvfp4"][5])
     assert (tmp_path / "seeds.png").is_file()
 
-    unequal = subprocess.run([*command[:2], groups[0], groups[1].rsplit(",", 1)[0], "--out", str(tmp_path / "x.png")],
+    unequal = subprocess.run([*command[:3], groups[0], groups[1].rsplit(",", 1)[0], "--out", str(tmp_path / "x.png")],
                              cwd=REPOSITORY, capture_output=True, text=True, timeout=300)
     assert unequal.returncode != 0 and "same number of runs" in unequal.stderr
 

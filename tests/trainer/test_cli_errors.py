@@ -63,6 +63,13 @@ def test_help_says_what_the_command_does_and_where_the_docs_are():
     assert result.returncode == 0
     assert result.stdout.startswith("python -m trainer: pretrain a hybrid Mamba-Transformer")
     assert "docs/reliability.md" in result.stdout and "powered by Hydra" not in result.stdout
+    import importlib.util
+    import re
+
+    tools = set(re.findall(r"python -m ([\w.]+)", result.stdout)) - {"trainer"}
+    assert {"trainer.prepare_data", "trainer.plan_run", "trainer.export_hf", "reports.compare_runs"} <= tools
+    assert all(importlib.util.find_spec(tool) is not None for tool in tools), tools  # shipped modules, not scripts/
+    assert "scripts/" not in result.stdout
 
 
 def test_a_misspelt_prepared_dir_never_fills_with_the_builtin_corpus_under_a_data_requirement(tmp_path, data_cache):
@@ -78,7 +85,7 @@ def test_a_misspelt_prepared_dir_never_fills_with_the_builtin_corpus_under_a_dat
     line = _one_line(_cli([*base, f"data.prepared_dir={misspelt}", f"run_dir={tmp_path / 'run'}"]))
     assert line.startswith(f"ConfigError: data.prepared_dir={misspelt}: ")
     assert not misspelt.exists() and not (tmp_path / "run").exists()
-    # the corpus it was prepared from, named as scripts/prepare_data.py prepared it, passes
+    # the corpus it was prepared from, named as `python -m trainer.prepare_data` prepared it, passes
     check_data_requirement(compose([*base, "data=local_jsonl", f"data.sources.0.path={tmp_path / 'c.jsonl'}",
                                     f"data.prepared_dir={tmp_path / 'shards'}"]))
 

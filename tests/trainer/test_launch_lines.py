@@ -1,4 +1,4 @@
-"""The README's and scripts/slurm_train.sh's launch lines start: each line's overrides, at its GPU count (and
+"""The README's and trainer/slurm_train.sh's launch lines start: each line's overrides, at its GPU count (and
 the SLURM line at 1 to 128 nodes of 8), pass the start-up stage the trainer runs (trainer/startup.py: the
 fields, parallel=auto's layout, the batch policy) and plan to fit on B200s."""
 
@@ -45,11 +45,11 @@ def readme_launches() -> list:
 
 
 def slurm_plan_overrides() -> list:
-    """The overrides of the plan line in scripts/slurm_train.sh's header."""
-    header = (ROOT / "scripts" / "slurm_train.sh").read_text()
-    line = next(l for l in header.splitlines() if "plan_run.py" in l)
+    """The overrides of the plan line in trainer/slurm_train.sh's header."""
+    header = (ROOT / "trainer" / "slurm_train.sh").read_text()
+    line = next(l for l in header.splitlines() if "trainer.plan_run" in l)
     words = shlex.split(line.lstrip("#").strip())
-    return [w for w in words[words.index("scripts/plan_run.py") + 1:] if "=" in w and not w.startswith("-")]
+    return [w for w in words[words.index("trainer.plan_run") + 1:] if "=" in w and not w.startswith("-")]
 
 
 def _starts(overrides: list, gpus: int) -> None:
@@ -80,7 +80,7 @@ def _data_overrides(words: list) -> list:
 
 
 def readme_prepare_line() -> list:
-    line = next(l for l in _commands((ROOT / "README.md").read_text()) if "scripts/prepare_data.py" in l
+    line = next(l for l in _commands((ROOT / "README.md").read_text()) if "trainer.prepare_data" in l
                 and "_12b" in l)
     return shlex.split(line)
 
@@ -107,11 +107,8 @@ def test_the_readme_trains_on_the_shards_its_prepare_line_writes(tmp_path):
     def local(words):
         return [w.split("=", 1)[0] + "=" + here.get(w.split("=", 1)[1], w.split("=", 1)[1]) for w in words]
 
-    import importlib.util
+    import trainer.prepare_data as script
 
-    spec = importlib.util.spec_from_file_location("prepare_data", ROOT / "scripts" / "prepare_data.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     assert script.main(["--no-progress", "+experiment=nvfp4_12b", *local(prepare)]) == 0
 
     cfg = compose(local(readme_launches()[0][1]))  # the one-node line, +experiment included

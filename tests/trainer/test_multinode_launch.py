@@ -1,6 +1,6 @@
 """The multi-node launch path on one machine: two torchrun agents (two "nodes" of 2 CPU processes each,
 gloo) meet by c10d rendezvous on localhost with README's multi-node line, train HSDP across the nodes,
-save into one run directory, and the run resumes on one node; scripts/slurm_train.sh hands torchrun
+save into one run directory, and the run resumes on one node; trainer/slurm_train.sh hands torchrun
 what that line needs."""
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def test_two_nodes_train_hsdp_save_and_resume_on_one_node(tmp_path, data_cache):
 
 
 def test_slurm_script_hands_torchrun_the_multinode_line(tmp_path):
-    """Run scripts/slurm_train.sh with srun, scontrol and torchrun stubbed: one torchrun per node with the
+    """Run trainer/slurm_train.sh (`python -m trainer.slurm` prints its path) with srun, scontrol and torchrun
+    stubbed: one torchrun per node with the
     node count, 8 processes per node, c10d rendezvous on the first node, the job id as rendezvous id,
     run_dir and HYBRID_RUN_DIR the same shared directory, NVLink multicast off, the user's overrides last."""
     stubs = tmp_path / "bin"
@@ -101,7 +102,7 @@ def test_slurm_script_hands_torchrun_the_multinode_line(tmp_path):
     log = tmp_path / "calls.log"
     env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}", STUB_LOG=str(log), SLURM_JOB_NAME="hybrid-nvfp4",
                SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu-node-[07-08]", SLURM_NNODES="2")
-    subprocess.run(["bash", str(ROOT / "scripts" / "slurm_train.sh"), "+experiment=nvfp4_12b",
+    subprocess.run(["bash", str(ROOT / "trainer" / "slurm_train.sh"), "+experiment=nvfp4_12b",
                     "data.prepared_dir=/lustre/shards"], cwd=tmp_path, env=env, check=True, timeout=60)
     lines = log.read_text().splitlines()
     srun = next(line for line in lines if line.startswith("srun "))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.config import OptimConfig
-from trainer.optim import build_optimizer, lr_at, takes_weight_decay
+from trainer.optim import build_optimizer, lr_at, schedule_warning, takes_weight_decay
 
 
 def test_wsd_warmup_stable_decay_points():
@@ -62,3 +62,24 @@ def test_optimizer_groups_split_decay():
     decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.1 and len(decay["params"]) == 1  # the Linear weight
     assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3  # bias, norm weight + bias
+
+
+@pytest.mark.parametrize("steps", [3, 20])
+def test_a_run_no_longer_than_its_warmup_is_warned_about_with_the_rate_it_ends_at(steps):
+    """train.steps=20 with a 20-step warm-up ends at the peak rate, never decaying: said once at start (an
+    `lr_schedule_warning` event, printed), not refused: 3 steps of the quickstart are the smoke test."""
+    cfg = OptimConfig(lr=3e-3, min_lr=3e-5, warmup_steps=20, schedule="wsd", decay_fraction=0.2)
+    warning = schedule_warning(cfg, steps)
+    assert warning["warmup_steps"] == 20 and warning["steps"] == steps
+    assert warning["last_lr"] == lr_at(steps - 1, steps, cfg) == pytest.approx(3e-3)  # the ramp is clamped to the run
+    assert warning["means"].startswith("the run ends inside its warm-up")
+
+
+def test_a_decay_starting_inside_the_warmup_is_warned_about_and_a_sound_schedule_is_not():
+    cfg = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=20, schedule="wsd", decay_fraction=0.2)
+    warning = schedule_warning(cfg, 21)  # decay over steps 17..20, warm-up until 20: the rate drops at step 20
+    assert warning["decay_start_step"] == 17 and "drops from the ramp onto the decay curve" in warning["means"]
+    assert lr_at(19, 21, cfg) == pytest.approx(1.0) and lr_at(20, 21, cfg) == pytest.approx(0.0)
+    for schedule in ("wsd", "cosine", "constant"):
+        assert schedule_warning(OptimConfig(warmup_steps=20, schedule=schedule), 200) is None  # the quickstart's
+    assert schedule_warning(OptimConfig(warmup_steps=0), 1) is None

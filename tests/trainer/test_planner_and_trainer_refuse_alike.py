@@ -1,11 +1,10 @@
-"""The planner (scripts/plan_run.py) and the trainer (python -m trainer) refuse the same inputs with the same
+"""The planner (`python -m trainer.plan_run`) and the trainer (python -m trainer) refuse the same inputs with the same
 message and exit status 2: both run the one start-up stage (trainer/startup.py) and print its refusals with
 trainer/__main__.py's wording. The inputs: docs/reliability.md's config rows and the parallel layout's."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import subprocess
 import sys
@@ -23,14 +22,13 @@ LAYOUT_VALUES = ["parallel.tp=3", "parallel.tp=0", "parallel.reshard=always", "p
 
 
 def _plan_run():
-    spec = importlib.util.spec_from_file_location("plan_run", ROOT / "scripts" / "plan_run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import trainer.plan_run
+
+    return trainer.plan_run
 
 
 def _planner(overrides: list, *options: str) -> tuple:
-    """(exit status, stderr) of scripts/plan_run.py's main, in this process."""
+    """(exit status, stderr) of trainer.plan_run's main, in this process."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         status = _plan_run().main([*overrides, "--gpu", "CPU", *options])
@@ -73,7 +71,7 @@ def test_the_command_lines_print_the_same_refusal(overrides):
     common = ["+experiment=quickstart", *overrides]
     trainer = subprocess.run([sys.executable, "-m", "trainer", *common], cwd=ROOT, capture_output=True, text=True,
                              timeout=300)
-    planner = subprocess.run([sys.executable, "scripts/plan_run.py", *common, "--gpu", "CPU"], cwd=ROOT,
+    planner = subprocess.run([sys.executable, "-m", "trainer.plan_run", *common, "--gpu", "CPU"], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
     assert (trainer.returncode, planner.returncode) == (2, 2), (trainer.stderr[-2000:], planner.stderr[-2000:])
     assert trainer.stderr.strip() and trainer.stderr.strip() == planner.stderr.strip()

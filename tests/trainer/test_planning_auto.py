@@ -1,10 +1,9 @@
-"""parallel=auto (trainer.planning.auto) and scripts/plan_run.py: the choice, its speed, the issue's goal, the CLI."""
+"""parallel=auto (trainer.planning.auto) and `python -m trainer.plan_run`: the choice, its speed, the issue's goal,
+the CLI."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 
 import pytest
@@ -15,7 +14,6 @@ from trainer.planning import plan_run
 from trainer.planning.auto import checkpoint_options, choose_layout, explicit_vs_auto, mesh_options
 from trainer.planning.plan import format_count, format_duration
 from trainer.validate import ConfigError
-from trainer_testing import ROOT
 
 AUTO_12B = ["+experiment=nvfp4_12b", "parallel=auto"]
 
@@ -82,14 +80,11 @@ def test_the_goal(gpus, request):
     assert auto_12b(gpus).plan.mfu >= GOAL[gpus] * auto_12b(8).plan.mfu
 
 
-# ---------------------------------------------------------------------------- scripts/plan_run.py
+# ---------------------------------------------------------------------------- python -m trainer.plan_run
 def plan_run_script():
-    if "_plan_run_script" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("_plan_run_script", ROOT / "scripts" / "plan_run.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["_plan_run_script"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["_plan_run_script"]
+    import trainer.plan_run
+
+    return trainer.plan_run
 
 
 def cli(capsys, *argv):
@@ -144,11 +139,11 @@ def test_plan_run_json(capsys):
 def test_plan_run_explicit_layout_compares_with_auto_and_prints_runnable_suggestions(capsys):
     status, out, _ = cli(capsys, "+experiment=nvfp4_12b", "parallel=fsdp_ac", "--gpu", "B200", "--gpus", "64")
     assert status == 0 and "% slower than the layout parallel=auto picks" in out
-    assert "python scripts/plan_run.py +experiment=nvfp4_12b parallel=auto --gpu B200 --gpus 64" in out
+    assert "python -m trainer.plan_run +experiment=nvfp4_12b parallel=auto --gpu B200 --gpus 64" in out
     status, out, _ = cli(capsys, "+experiment=nvfp4_12b", "parallel=fsdp_ac", "parallel.activation_checkpoint=none",
                          "--gpu", "H200", "--gpus", "8")
     assert status == 0 and "Fits: NO" in out
-    suggestions = [line for line in out.splitlines() if "python scripts/plan_run.py" in line]
+    suggestions = [line for line in out.splitlines() if "python -m trainer.plan_run" in line]
     assert any("parallel.activation_checkpoint=full --gpu H200 --gpus 8" in line for line in suggestions)
 
 

@@ -62,7 +62,7 @@ def test_paper_experiments_refuse_the_builtin_corpus(tmp_path, data_cache, monke
                                 "data.seq_len=64"], tmp_path / "run")
     monkeypatch.setattr(trainer.loop, "init_distributed", _must_not_start)
     with pytest.raises(ConfigError, match="data.prepared_dir is not set: experiment 'test' trains on a corpus of "
-                                          "~10T tokens prepared with scripts/prepare_data.py"):
+                                          "~10T tokens prepared with `python -m trainer.prepare_data`"):
         trainer.loop.train(cfg)
 
 

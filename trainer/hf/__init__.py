@@ -2,7 +2,7 @@
 
 - load: `checkpoint.init_from_hf`: config.json decides the architecture, the weights go into
   the (possibly FSDP2-sharded) model through the distributed state-dict API
-- export: a trainer checkpoint (scripts/export_hf.py) or the end of a run
+- export: a trainer checkpoint (`python -m trainer.export_hf`) or the end of a run
   (`checkpoint.export_hf_at_end`) as a Hugging Face directory with its tokenizer
 - tokenizer: the training tokenizer as a transformers tokenizer, for those exports
 

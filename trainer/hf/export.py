@@ -1,6 +1,6 @@
 """Hugging Face exports of trained models: from a checkpoint, or at the end of a run.
 
-`export_checkpoint(checkpoint, out_dir)` (what scripts/export_hf.py runs) loads a Distributed
+`export_checkpoint(checkpoint, out_dir)` (what `python -m trainer.export_hf` runs) loads a Distributed
 Checkpoint saved by any number of ranks into one unsharded model on the CPU, built from the
 model config recorded in its trainer_state.json, and writes with `models.hf.export_hf`:
 safetensors weights, config.json, generation_config.json and the tokenizer the checkpoint

@@ -7,7 +7,7 @@ per-GEMM cost model), memory (per-GPU memory by part), step_time (seconds per st
 (start-up, compilation, evaluation), plan (RunPlan, plan_run, smallest_changes), auto
 (parallel=auto: choose_layout), commands (plan_run.py's command lines and cost), buyers_table (the
 12B table of docs/planning.md).
-scripts/plan_run.py prints a plan; trainer/preflight.py plans every run for the devices it sees.
+`python -m trainer.plan_run` prints a plan; trainer/preflight.py plans every run for the devices it sees.
 docs/planning.md: the model, its calibration and its accuracy.
 """
 

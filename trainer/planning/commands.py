@@ -1,8 +1,8 @@
-"""What scripts/plan_run.py prints besides the plan: runnable command lines, the cost, the device planned.
+"""What `python -m trainer.plan_run` prints besides the plan: runnable command lines, the cost, the device planned.
 
     device_for_plan("CPU", gpus=2)          # this host's RAM shared by 2 processes, as the preflight sees it
-    plan_command(overrides, "B200", 64)     # 'python scripts/plan_run.py ... --gpu B200 --gpus 64'
-    launch_command(overrides, 64, 8)        # 'sbatch --nodes=8 scripts/slurm_train.sh ...'
+    plan_command(overrides, "B200", 64)     # 'python -m trainer.plan_run ... --gpu B200 --gpus 64'
+    launch_command(overrides, 64, 8)        # 'sbatch --nodes=8 "$(python -m trainer.slurm)" ...'
     cost_line(plan, price)                  # GPU-hours, and the cost at a price per GPU-hour
 """
 
@@ -46,8 +46,8 @@ def _quoted(words: Sequence[str]) -> str:
 
 def plan_command(overrides: Sequence[str], gpu: str, gpus: int, gpus_per_node: Optional[int] = None,
                  extra: Sequence[str] = ()) -> str:
-    """The scripts/plan_run.py line that plans these overrides on ``gpus`` GPUs of kind ``gpu``."""
-    words = ["python", "scripts/plan_run.py", *overrides, "--gpu", gpu, "--gpus", str(gpus)]
+    """The `python -m trainer.plan_run` line that plans these overrides on ``gpus`` GPUs of kind ``gpu``."""
+    words = ["python", "-m", "trainer.plan_run", *overrides, "--gpu", gpu, "--gpus", str(gpus)]
     if gpus_per_node:
         words += ["--gpus-per-node", str(gpus_per_node)]
     return _quoted([*words, *extra])
@@ -58,14 +58,15 @@ NVL72_TRAY_GPUS = 4
 
 
 def launch_command(overrides: Sequence[str], gpus: int, gpus_per_node: int) -> str:
-    """The line that starts this run: torchrun on one host, scripts/slurm_train.sh (GPUS_PER_NODE) on several.
+    """The line that starts this run: torchrun on one host, the installed trainer/slurm_train.sh on several (its
+    path printed by `python -m trainer.slurm`, so the line works from a wheel; GPUS_PER_NODE when not 8).
     A host is the NVLink domain up to 8 GPUs (an HGX board), else an NVL72 compute tray."""
     per_node = min(gpus, gpus_per_node if gpus_per_node <= 8 else NVL72_TRAY_GPUS)
     nodes = math.ceil(gpus / per_node)
     if nodes == 1:
         return _quoted(["torchrun", "--nproc-per-node", str(per_node), "-m", "trainer", *overrides])
     prefix = f"GPUS_PER_NODE={per_node} " if per_node != 8 else ""
-    return prefix + _quoted(["sbatch", f"--nodes={nodes}", "scripts/slurm_train.sh", *overrides])
+    return f'{prefix}sbatch --nodes={nodes} "$(python -m trainer.slurm)" {_quoted(overrides)}'.rstrip()
 
 
 def cost_line(plan: RunPlan, price_per_gpu_hour: Optional[float] = None) -> str:

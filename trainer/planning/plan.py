@@ -29,7 +29,7 @@ from trainer.planning.step_time import H200_CALIBRATED, Efficiency, StepTime, pl
 from trainer.validate import ConfigError
 
 SCHEMA_VERSION = 2
-"""Of RunPlan.as_dict (scripts/plan_run.py --json, run_info.json): 2 added the layout's tp, reshard,
+"""Of RunPlan.as_dict (python -m trainer.plan_run --json, run_info.json): 2 added the layout's tp, reshard,
 grad_reduce, the batch actually run, the collectives, the overheads, GPU-hours."""
 CUDA_RESERVED_GIB = 1.5
 """Device memory the peak of allocated tensors does not show: the CUDA context, cuBLAS and NCCL workspaces."""
@@ -166,7 +166,7 @@ class RunPlan:
         return self.layout.gpus * self.run_seconds / 3600
 
     def as_dict(self, collectives: bool = True) -> dict:
-        """The plan as plain values (scripts/plan_run.py --json, run_info.json, the W&B config)."""
+        """The plan as plain values (python -m trainer.plan_run --json, run_info.json, the W&B config)."""
         layout = self.layout
         batch = layout.batch
         out = {
@@ -236,7 +236,7 @@ class RunPlan:
             lines.append(f"  (FSDP/HSDP traffic {format_seconds(overlapped)}, overlapped with compute but for "
                          f"{format_seconds(parts.get('communication (exposed)', 0.0))}; tensor-parallel and scalar "
                          f"collectives are not overlapped; {len(self.time.collectives)} kinds of call, "
-                         f"scripts/plan_run.py --json lists them)")
+                         f"python -m trainer.plan_run --json lists them)")
         return lines
 
     def run_line(self) -> str:

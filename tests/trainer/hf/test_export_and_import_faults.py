@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 def _export(*arguments):
     env = dict(os.environ, PYTHONPATH=str(REPOSITORY))
-    return subprocess.run([sys.executable, str(REPOSITORY / "scripts" / "export_hf.py"), *map(str, arguments)],
+    return subprocess.run([sys.executable, "-m", "trainer.export_hf", *map(str, arguments)],
                           cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=600)
 
 

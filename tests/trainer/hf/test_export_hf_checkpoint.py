@@ -1,4 +1,4 @@
-"""scripts/export_hf.py: a training checkpoint becomes a directory transformers loads, same logits."""
+"""`python -m trainer.export_hf`: a training checkpoint becomes a directory transformers loads, same logits."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def test_checkpoint_exports_to_transformers_with_the_same_logits(tmp_path, data_
     cfg = compose_train_config(tiny_overrides(data_cache, steps=2), tmp_path / "run")
     train(cfg)
     checkpoint = tmp_path / "run" / "checkpoints" / "step_00000002"
-    assert run_script("export_hf", checkpoint, tmp_path / "hf", "--dtype", "float32").returncode == 0
+    assert run_script("trainer.export_hf", checkpoint, tmp_path / "hf", "--dtype", "float32").returncode == 0
 
     ours = load_checkpoint_model(checkpoint)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()

@@ -1,5 +1,5 @@
 """Hugging Face hand-off faults: init_from_hf with a weight missing or extra, or a directory of another
-architecture; export_hf.py into a directory that holds an earlier export's files."""
+architecture; `python -m trainer.export_hf` into a directory that holds an earlier export's files."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_export_refuses_a_directory_with_an_earlier_exports_files_unless_overwri
     assert sorted(path.name for path in out.iterdir()) == ["added_tokens.json", "chat_template.jinja",
                                                            "special_tokens_map.json"]  # untouched
 
-    run_script("export_hf", checkpoint, out, "--dtype", "float32", "--overwrite")
+    run_script("trainer.export_hf", checkpoint, out, "--dtype", "float32", "--overwrite")
     assert not any((out / name).exists() for name in (*stale, "chat_template.jinja"))
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert len(tokenizer) == 512 and tokenizer.eos_token_id < 512

@@ -45,7 +45,7 @@ def test_export_holds_the_tokenizer_and_generation_stops_on_its_eos(trained, tmp
     cfg, _, run_dir = trained
     out = tmp_path / "hf"
     checkpoint = run_dir / "checkpoints" / "step_00000003"
-    assert run_script("export_hf", checkpoint, out, "--dtype", "float32").returncode == 0
+    assert run_script("trainer.export_hf", checkpoint, out, "--dtype", "float32").returncode == 0
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"):
         assert (out / name).is_file(), name
 
@@ -91,7 +91,7 @@ def test_export_at_end_equals_the_checkpoint_export(trained, tmp_path):
 
     _, _, run_dir = trained
     checkpoint = run_dir / "checkpoints" / "step_00000003"
-    assert run_script("export_hf", checkpoint, tmp_path / "hf", "--dtype", "float32").returncode == 0
+    assert run_script("trainer.export_hf", checkpoint, tmp_path / "hf", "--dtype", "float32").returncode == 0
     at_end, exported = load_file(run_dir / "hf" / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
     assert set(at_end) == set(exported)
     for name, tensor in exported.items():
@@ -108,7 +108,7 @@ def test_export_refuses_another_tokenizer(trained, tmp_path):
     build_tokenizer(DataConfig(builtin_vocab_size=300, builtin_corpus_mb=0.3, cache_dir=cfg.data.cache_dir)).save(other)
     checkpoint = run_dir / "checkpoints" / "step_00000003"
     with pytest.raises(SystemExit, match="not the one"):
-        run_script("export_hf", checkpoint, tmp_path / "hf", "--tokenizer", other)
+        run_script("trainer.export_hf", checkpoint, tmp_path / "hf", "--tokenizer", other)
 
 
 def _nemotron_h_directory(path, vocab_size: int):

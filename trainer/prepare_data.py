@@ -1,9 +1,9 @@
 """Tokenize a data config's sources into token shards (resumable), or verify prepared ones.
 
-    python scripts/prepare_data.py                                   # the built-in corpus (configs/data/builtin.yaml)
-    python scripts/prepare_data.py --source files --path /data/corpus --tokenizer /models/tok --out /fast/shards
-    python scripts/prepare_data.py --config local_jsonl sources.0.path=/data/corpus/ num_proc=16
-    python scripts/prepare_data.py +experiment=nvfp4_12b data.prepared_dir=/fast/shards --verify
+    python -m trainer.prepare_data                                   # the built-in corpus (configs/data/builtin.yaml)
+    python -m trainer.prepare_data --source files --path /data/corpus --tokenizer /models/tok --out /fast/shards
+    python -m trainer.prepare_data --config local_jsonl sources.0.path=/data/corpus/ num_proc=16
+    python -m trainer.prepare_data +experiment=nvfp4_12b data.prepared_dir=/fast/shards --verify
 
 One source from flags: --source files (--path: a file, a directory, a glob, or a directory
 written by datasets' save_to_disk; --split picks a saved DatasetDict's split) or --source hf
@@ -88,7 +88,7 @@ def apply_flags(cfg: DataConfig, flags: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m trainer.prepare_data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None, help="name under configs/data/ or a yaml file (default: builtin)")
     parser.add_argument("--source", choices=("files", "hf", "builtin"), default=None,
                         help="prepare this one source instead of the config's sources")

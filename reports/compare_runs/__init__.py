@@ -1,7 +1,7 @@
 """Compare the loss curves of training runs: align on tokens, plot, and print the relative difference.
 
 `compare_runs(specs, ...)` reads the runs, compares each with the first, prints the table, draws
-the figure and returns the numbers (scripts/compare_runs.py is its command line).
+the figure and returns the numbers (`python -m reports.compare_runs`, this package's __main__, is its command line).
 
 The first run is the reference; every other run is compared with it. Each RUN is
   - a run directory holding ``metrics.jsonl`` (what the trainer writes), or a ``metrics.jsonl`` path;
@@ -23,19 +23,20 @@ Method:
   2. Alignment: A's token grid over the overlap of A and B; B linearly interpolated onto it
      (``numpy.interp``). No extrapolation: points outside the overlap are not compared.
   3. Relative difference r(t) = (B(t) - A(t)) / A(t).
-  4. Phases from A's ``lr`` column: the stable phase runs from the first to the last point where lr
-     is at its maximum (within 1e-6 relative; warm-up excluded), the decay phase after that last
-     point. ``--decay-start-tokens`` / ``--stable-start-tokens`` override. Without an lr column the
-     stable phase is the whole overlap and there is no decay phase.
+  4. Phases from each run's own ``lr`` column: the stable phase runs from the first to the last point
+     where lr is at its maximum (within 1e-6 relative; warm-up excluded), the decay phase after that
+     last point. ``--decay-start-tokens`` / ``--stable-start-tokens`` override (for every run).
+     Without an lr column the stable phase is the whole overlap and there is no decay phase. Runs of
+     different schedules (a 30-step reference against a 200-step run) have different phases: a point
+     of B's comparison counts in a phase where both A and B are in it, and each run's phases are printed.
   5. Printed: the mean of r over each phase's grid points and r at the last common point, per B.
+     With --val, a B whose validation points do not overlap A's (validation at other steps) is named
+     and left out of the val_loss comparison.
   6. Noise band (--noise RUN): a run that differs from A only by its seed (A's "twin"). Its own
      relative difference n(t) to A, after the same smoothing, is drawn as the band +-|n(t)| around
      0, and each phase's mean |n| is printed beside the runs' means: a difference inside the band
      is not distinguishable from seed-to-seed variation at this scale.
 """
-
-from __future__ import annotations
-
 
 from __future__ import annotations
 
@@ -275,12 +276,37 @@ class Phases:
             return np.zeros_like(tokens, dtype=bool)
         return tokens > self.decay_start
 
+    def same_as(self, other: "Phases") -> bool:
+        return self.stable_start == other.stable_start and self.decay_start == other.decay_start
+
+    def describe(self) -> str:
+        decay = "none" if self.decay_start is None else f"after {self.decay_start:.4g} tokens"
+        return f"stable from {self.stable_start:.4g} tokens, decay {decay}"
+
+
+@dataclass
+class PairPhases:
+    """The phases of a comparison of two runs: a point is in a phase where both runs' schedules are."""
+
+    first: Phases
+    second: Phases
+
+    def stable(self, tokens: np.ndarray) -> np.ndarray:
+        return self.first.stable(tokens) & self.second.stable(tokens)
+
+    def decay(self, tokens: np.ndarray) -> np.ndarray:
+        return self.first.decay(tokens) & self.second.decay(tokens)
+
+
+class NoOverlap(ValueError):
+    """Two runs' points of one metric share no token range (validation at other steps, say)."""
+
 
 def detect_phases(run: Run, decay_start_tokens: Optional[float] = None,
                   stable_start_tokens: Optional[float] = None) -> Phases:
     """Stable and decay phases from the run's lr column (or the overrides)."""
     tokens, lr = run.series("lr")
-    stable_start, decay_start, source = None, None, "from A's lr"
+    stable_start, decay_start, source = None, None, f"from {run.label}'s lr"
     if lr.size:
         peak = lr.max()
         at_max = np.nonzero(lr >= peak * (1 - LR_AT_MAX_TOLERANCE))[0]
@@ -288,7 +314,7 @@ def detect_phases(run: Run, decay_start_tokens: Optional[float] = None,
         if at_max[-1] < lr.size - 1:  # lr drops after its last point at the maximum
             decay_start = tokens[at_max[-1]]
     else:
-        source = "no lr column in A: one stable phase"
+        source = f"no lr column in {run.label}: one stable phase"
     if stable_start_tokens is not None:
         stable_start, source = float(stable_start_tokens), "given"
     if decay_start_tokens is not None:
@@ -316,8 +342,8 @@ class Comparison:
 
 
 def align(tokens_a: np.ndarray, values_a: np.ndarray, tokens_b: np.ndarray, values_b: np.ndarray,
-          names: Tuple[str, str] = ("A", "B")) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A's points inside the overlap of both token ranges, and B linearly interpolated there."""
+          names: Tuple[str, str] = ("A", "B"), what: str = "points") -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A's points inside the overlap of both token ranges, and B linearly interpolated there (NoOverlap if none)."""
     if tokens_a.size == 0 or tokens_b.size == 0:
         raise ValueError(f"nothing to align: {names[0]} has {tokens_a.size} points, {names[1]} {tokens_b.size}")
     order_b = np.argsort(tokens_b, kind="stable")
@@ -325,20 +351,22 @@ def align(tokens_a: np.ndarray, values_a: np.ndarray, tokens_b: np.ndarray, valu
     low, high = max(tokens_a.min(), tokens_b.min()), min(tokens_a.max(), tokens_b.max())
     inside = (tokens_a >= low) & (tokens_a <= high)
     if not inside.any():
-        raise ValueError(
-            f"runs {names[0]} (tokens {tokens_a.min():.4g}..{tokens_a.max():.4g}) and {names[1]} "
-            f"(tokens {tokens_b.min():.4g}..{tokens_b.max():.4g}) do not overlap"
+        raise NoOverlap(
+            f"the {what} of {names[0]} (tokens {tokens_a.min():.4g}..{tokens_a.max():.4g}, {tokens_a.size}) and "
+            f"{names[1]} (tokens {tokens_b.min():.4g}..{tokens_b.max():.4g}, {tokens_b.size}) do not overlap"
         )
     grid = tokens_a[inside]
     return grid, values_a[inside], np.interp(grid, tokens_b, values_b)
 
 
-def compare(run_a: Run, run_b: Run, metric: str, phases: Phases, smoothing: str = "none") -> Comparison:
+def compare(run_a: Run, run_b: Run, metric: str, phases, smoothing: str = "none") -> Comparison:
+    """B against A on A's grid; ``phases`` (Phases or PairPhases) picks each phase's points."""
     tokens_a, values_a = run_a.series(metric)
     tokens_b, values_b = run_b.series(metric)
     smoothing = smoothing_for(metric, smoothing)
     values_a, values_b = smooth(values_a, smoothing), smooth(values_b, smoothing)
-    grid, reference, other = align(tokens_a, values_a, tokens_b, values_b, (run_a.label, run_b.label))
+    what = {"loss": "training loss points", "val_loss": "validation points"}.get(metric, f"{metric} points")
+    grid, reference, other = align(tokens_a, values_a, tokens_b, values_b, (run_a.label, run_b.label), what)
     if np.any(reference == 0):
         raise ValueError(f"{run_a.label}: {metric} is 0 at some point; the relative difference is undefined there")
     relative = (other - reference) / reference
@@ -353,7 +381,7 @@ def compare(run_a: Run, run_b: Run, metric: str, phases: Phases, smoothing: str 
     )
 
 
-def noise_band(comparison: Comparison, phases: Phases) -> dict:
+def noise_band(comparison: Comparison, phases) -> dict:
     """Mean |relative difference| of a seed twin per phase, and at the last point."""
     magnitude = np.abs(comparison.relative)
 
@@ -365,9 +393,10 @@ def noise_band(comparison: Comparison, phases: Phases) -> dict:
 
 
 # ------------------------------------------------------------------------------------ plotting
-def plot(runs: List[Run], comparisons: Dict[str, List[Comparison]], phases: Phases, smoothing: str,
+def plot(runs: List[Run], comparisons: Dict[str, List[Comparison]], phases: List[Phases], smoothing: str,
          out: Path, noise: Optional[Dict[str, Comparison]] = None, title: Optional[str] = None) -> Path:
-    """Loss curves and relative differences (one pair of panels per metric) to a PNG."""
+    """Loss curves and relative differences (one pair of panels per metric) to a PNG; ``phases`` per run:
+    one grey decay span where all runs agree, else each run's in its colour."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -413,14 +442,20 @@ def plot(runs: List[Run], comparisons: Dict[str, List[Comparison]], phases: Phas
         diff_axis.set_ylabel(f"relative {metric} difference")
         diff_axis.legend(loc="upper left")
         diff_axis.grid(alpha=0.3)
+        same = all(p.same_as(phases[0]) for p in phases)
         for axis in (curve_axis, diff_axis):
-            if phases.decay_start is not None:
-                axis.axvspan(phases.decay_start, end, color="grey", alpha=0.12, linewidth=0)
-                axis.axvline(phases.decay_start, color="grey", linestyle="--", linewidth=0.8)
+            for index, (run, own) in enumerate(zip(runs, phases[:1] if same else phases)):
+                if own.decay_start is not None:
+                    color = "grey" if same else colors[index % len(colors)]
+                    run_end = end if same else run.series("loss")[0].max()
+                    axis.axvspan(own.decay_start, run_end, color=color, alpha=0.12 if same else 0.08, linewidth=0)
+                    axis.axvline(own.decay_start, color=color, linestyle="--", linewidth=0.8)
     if title:
         figure.suptitle(title)
     axes[-1, 0].xaxis.set_major_formatter(EngFormatter())
-    axes[-1, 0].set_xlabel("tokens" + (" (shaded: lr decay)" if phases.decay_start is not None else ""))
+    decaying = [p for p in phases if p.decay_start is not None]
+    shaded = "" if not decaying else " (shaded: lr decay)" if same else " (shaded: each run's lr decay, in its colour)"
+    axes[-1, 0].set_xlabel("tokens" + shaded)
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=120)
@@ -478,7 +513,9 @@ def compare_runs(specs: Sequence[str], labels: Optional[Sequence[str]] = None, s
         if count:
             run.label = f"{run.label}#{count + 1}"
     reference = runs[0]
-    phases = detect_phases(reference, decay_start_tokens, stable_start_tokens)
+    run_phases = [detect_phases(run, decay_start_tokens, stable_start_tokens) for run in runs]  # each its own
+    phases = run_phases[0]
+    pairs = [PairPhases(phases, own) for own in run_phases[1:]]
 
     metrics = ["loss"]
     if val:
@@ -487,13 +524,24 @@ def compare_runs(specs: Sequence[str], labels: Optional[Sequence[str]] = None, s
         else:
             missing = [run.label for run in runs if not run.has("val_loss")]
             echo(f"note: --val skipped: no val_loss in {missing}")
-    comparisons = {metric: [compare(reference, run, metric, phases, smoothing) for run in runs[1:]]
-                   for metric in metrics}
+    comparisons = {"loss": [compare(reference, run, "loss", pair, smoothing) for run, pair in zip(runs[1:], pairs)]}
+    if "val_loss" in metrics:
+        entries = []
+        for run, pair in zip(runs[1:], pairs):
+            try:
+                entries.append(compare(reference, run, "val_loss", pair, smoothing))
+            except NoOverlap as apart:  # validation at other steps: the training loss still compares
+                echo(f"note: --val: {apart}: validation ran at other steps; {run.label}'s val_loss is not compared")
+        if entries:
+            comparisons["val_loss"] = entries
+        else:
+            metrics.remove("val_loss")
     noise_comparisons: Dict[str, Comparison] = {}
     if noise is not None:
         noise_run = load_run(str(noise), None, wandb_online)
         noise_run.label = f"{noise_run.label} (noise)" if noise_run.label in seen else noise_run.label
-        noise_comparisons = {metric: compare(reference, noise_run, metric, phases, smoothing)
+        noise_pair = PairPhases(phases, detect_phases(noise_run, decay_start_tokens, stable_start_tokens))
+        noise_comparisons = {metric: compare(reference, noise_run, metric, noise_pair, smoothing)
                              for metric in metrics if noise_run.has(metric)}
 
     for index, run in enumerate(runs):
@@ -502,11 +550,21 @@ def compare_runs(specs: Sequence[str], labels: Optional[Sequence[str]] = None, s
         notes = f"; {'; '.join(run.notes)}" if run.notes else ""
         echo(f"{role} {run.label}: {run.source}, {tokens.size} loss points, tokens {tokens.min():.4g} .. "
              f"{tokens.max():.4g}{notes}")
-    decay = "none" if phases.decay_start is None else f"after {phases.decay_start:.4g} tokens"
-    echo(f"phases ({phases.source}): stable from {phases.stable_start:.4g} tokens, decay {decay}")
+    if all(own.same_as(phases) for own in run_phases):
+        echo(f"phases ({phases.source}{', the same in every run' if len(runs) > 1 else ''}): {phases.describe()}")
+    else:  # a reference of another length or schedule: its phases are not B's
+        echo("phases differ between the runs (each from its own lr); a phase's mean counts the points where both "
+             "runs of a comparison are in that phase:")
+        for run, own in zip(runs, run_phases):
+            echo(f"  {run.label}: {own.describe()}")
+
+    def phase_record(own: Phases) -> dict:
+        return {"stable_start_tokens": float(own.stable_start) if math.isfinite(own.stable_start) else None,
+                "decay_start_tokens": own.decay_start, "source": own.source}
+
     summary = {"runs": [{"label": r.label, "source": r.source} for r in runs], "smoothing": smoothing,
-               "phases": {"stable_start_tokens": float(phases.stable_start) if math.isfinite(phases.stable_start) else None,
-                          "decay_start_tokens": phases.decay_start, "source": phases.source},
+               "phases": {**phase_record(phases),
+                          "per_run": {run.label: phase_record(own) for run, own in zip(runs, run_phases)}},
                "metrics": {}}
     for metric, entries in comparisons.items():
         echo(f"\n{metric}: relative difference (B - {reference.label}) / {reference.label}, "
@@ -518,7 +576,7 @@ def compare_runs(specs: Sequence[str], labels: Optional[Sequence[str]] = None, s
                  f"{percent(c.final):>12}  {c.points}")
         if metric in noise_comparisons:
             twin = noise_comparisons[metric]
-            band = noise_band(twin, phases)
+            band = noise_band(twin, noise_pair)
             echo(f"  {'noise +-'.ljust(width)}  {percent(band['stable_mean']):>12}  {percent(band['decay_mean']):>12}  "
                  f"{percent(band['final']):>12}  (mean |{twin.label} - {reference.label}| / {reference.label})")
             summary.setdefault("noise", {})[metric] = {"run": twin.label, **band}
@@ -526,7 +584,7 @@ def compare_runs(specs: Sequence[str], labels: Optional[Sequence[str]] = None, s
             {"run": c.label, "stable_mean": c.stable_mean, "decay_mean": c.decay_mean, "final": c.final,
              "points": c.points} for c in entries
         ]
-    figure = plot(runs, comparisons, phases, smoothing, out, noise_comparisons, title)
+    figure = plot(runs, comparisons, run_phases, smoothing, out, noise_comparisons, title)
     summary["figure"] = str(figure)
     echo(f"\nwrote {figure}")
     if json_path is not None:

@@ -1,7 +1,7 @@
 """Plan a training run before it runs: layout, memory per GPU, step time, throughput, MFU, days and GPU-hours.
 
-    python scripts/plan_run.py +experiment=nvfp4_12b parallel=auto --gpu B200 --gpus 64 --tokens 10e12
-    python scripts/plan_run.py model=slice_12b data.seq_len=8192 train.micro_batch_size=1 \
+    python -m trainer.plan_run +experiment=nvfp4_12b parallel=auto --gpu B200 --gpus 64 --tokens 10e12
+    python -m trainer.plan_run model=slice_12b data.seq_len=8192 train.micro_batch_size=1 \
         train.global_batch_size=1 parallel.compile=true precision=bf16 --gpu H200 --gpus 1 --json
 
 Overrides are the trainer's (`python -m trainer` composes the same config and validates it the same way);
@@ -100,7 +100,7 @@ def print_text(args, run, cfg, gpu, choice, slower) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.plan_run", description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides, as for python -m trainer")
     parser.add_argument("--gpu", default="H200", help=f"one of {', '.join(GPUS)}, CPU (default H200)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) in all: tp x data-parallel ranks")

@@ -1,6 +1,6 @@
 """Turn a training checkpoint into a Hugging Face NemotronH directory, tokenizer included.
 
-    python scripts/export_hf.py RUN_DIR/checkpoints/step_00001000 OUT_DIR [--dtype bfloat16]
+    python -m trainer.export_hf RUN_DIR/checkpoints/step_00001000 OUT_DIR [--dtype bfloat16]
         [--tokenizer PATH] [--overwrite] [--no-verify]
 
 Writes safetensors weights, config.json, generation_config.json, tokenizer.json and
@@ -25,7 +25,7 @@ from trainer.hf.export import DTYPES, export_checkpoint
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.export_hf", description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint", type=Path, help="a checkpoint directory (RUN_DIR/checkpoints/step_XXXXXXXX)")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))

@@ -1,8 +1,8 @@
 """Every GEMM of a training step, its FLOPs, and what each low-precision format buys on each GPU.
 
-    python scripts/gemm_report.py --config hybrid_12b                      # theory, no GPU needed
-    python scripts/gemm_report.py --config hybrid_12b --precision nvfp4 --csv gemms_12b.csv
-    python scripts/gemm_report.py --config hybrid_12b --measure            # + timings on this GPU
+    python -m reports.gemm_report --config hybrid_12b                      # theory, no GPU needed
+    python -m reports.gemm_report --config hybrid_12b --precision nvfp4 --csv gemms_12b.csv
+    python -m reports.gemm_report --config hybrid_12b --measure            # + timings on this GPU
 
 --config is a name under configs/model/ or a yaml path; --tokens is the tokens of one micro-batch
 (default 8192), --seq-len the sequence length (default --tokens: one sequence). The GEMM list comes
@@ -32,7 +32,7 @@ from trainer.hardware import GPUS
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m reports.gemm_report", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="model config: a name under configs/model/ or a yaml path")
     parser.add_argument("--tokens", type=int, default=8192, help="tokens per micro-batch (default 8192)")

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Multi-node training under SLURM: one torchrun per node, torchrun starts one process per GPU.
-#   sbatch --nodes=16 scripts/slurm_train.sh +experiment=nvfp4_12b data.prepared_dir=/lustre/shards
+#   sbatch --nodes=16 "$(python -m trainer.slurm)" +experiment=nvfp4_12b data.prepared_dir=/lustre/shards
+# (`python -m trainer.slurm` prints where this installed script is; copy it to adapt the #SBATCH lines.)
 # Plan it first (the layout parallel=auto picks, memory per GPU, step time, days): the same overrides with
-#   python scripts/plan_run.py +experiment=nvfp4_12b --gpu B200 --gpus 128
+#   python -m trainer.plan_run +experiment=nvfp4_12b --gpu B200 --gpus 128
 # every rank also plans itself at start: the 12B experiments' parallel=auto picks tensor parallelism,
 # FSDP/HSDP and micro-batch for the GPUs launched, and a run that cannot fit stops, exit status 2.
 # Checkpoints and metrics go to $RUN_DIR (a shared filesystem); a requeued job resumes from the

@@ -7,7 +7,8 @@ recipe the report marks which GEMMs that recipe keeps in BF16 (first/last patter
 lm_head, globs, GEMMs the recipe leaves unquantized) exactly as the trainer's precision pass
 (models.quant.recipe.plan_layers) decides, and adds the step speedup of the recipe.
 `render` gives the printed tables, `write_csv` one row per GEMM, `measure` fills in the GEMM
-kernel times of the present GPU (benchmarks.gemm_timing).
+kernel times of the present GPU (benchmarks.gemm_timing). `python -m reports.gemm_report` (this package's
+__main__) is its command line.
 """
 
 from __future__ import annotations

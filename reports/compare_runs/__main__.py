@@ -1,10 +1,10 @@
 """Compare the loss curves of training runs: align on tokens, plot, and print the relative difference.
 
-    python scripts/compare_runs.py runs/fp8_12b runs/nvfp4_12b --smooth ema:0.9 --out fp8_vs_nvfp4.png
-    python scripts/compare_runs.py runs/bf16 runs/fp8 runs/nvfp4 --labels bf16 fp8 nvfp4 --val
-    python scripts/compare_runs.py runs/fp8 runs/nvfp4 --wandb-report              # + the figure to W&B (offline)
-    python scripts/compare_runs.py wandb:me/hybrid-nvfp4/abc123 wandb:me/hybrid-nvfp4/def456 --wandb-online
-    python scripts/compare_runs.py runs/bf16_s0,runs/bf16_s1,runs/bf16_s2 runs/nvfp4_s0,runs/nvfp4_s1,runs/nvfp4_s2 \
+    python -m reports.compare_runs runs/fp8_12b runs/nvfp4_12b --smooth ema:0.9 --out fp8_vs_nvfp4.png
+    python -m reports.compare_runs runs/bf16 runs/fp8 runs/nvfp4 --labels bf16 fp8 nvfp4 --val
+    python -m reports.compare_runs runs/fp8 runs/nvfp4 --wandb-report              # + the figure to W&B (offline)
+    python -m reports.compare_runs wandb:me/hybrid-nvfp4/abc123 wandb:me/hybrid-nvfp4/def456 --wandb-online
+    python -m reports.compare_runs runs/bf16_s0,runs/bf16_s1,runs/bf16_s2 runs/nvfp4_s0,runs/nvfp4_s1,runs/nvfp4_s2 \
         --labels bf16 nvfp4 --out seeds.png        # seed groups: paired gaps with 95% confidence intervals
 
 A RUN with commas is a group of run directories, one per seed: every RUN must then be a group of
@@ -13,7 +13,8 @@ the same size, paired by position (the same seed order), and the comparison is t
 intervals, the growth of the gap in the decay phase, the figure with CI bands).
 
 What a RUN may be, the method (smoothing, alignment, phases, noise band) and the numbers:
-reports/compare_runs.py.
+reports/compare_runs/__init__.py. Seed groups are the study's report: this command line imports
+study/, as the scripts do (the library does not).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from study.report import compare_seed_groups
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m reports.compare_runs", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run directories, metrics.jsonl files or wandb:entity/project/id; "
                                                 "the first is the reference A")
@@ -36,9 +37,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("compare_runs.png"), help="PNG to write")
     parser.add_argument("--val", action="store_true", help="also compare val_loss (where both runs logged it)")
     parser.add_argument("--decay-start-tokens", type=float, default=None,
-                        help="tokens where the decay phase starts (default: from A's lr column)")
+                        help="tokens where the decay phase starts, in every run (default: from each run's lr column)")
     parser.add_argument("--stable-start-tokens", type=float, default=None,
-                        help="tokens where the stable phase starts (default: A's first point at max lr)")
+                        help="tokens where the stable phase starts, in every run (default: each run's first point at max lr)")
     parser.add_argument("--noise", default=None,
                         help="a run that differs from A only in its seed: its difference to A is drawn as a band")
     parser.add_argument("--title", default=None, help="figure title")
