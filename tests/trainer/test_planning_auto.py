@@ -64,13 +64,15 @@ def test_nothing_fits_returns_the_leanest_plan_and_a_batch_no_layout_runs_is_ref
         choose_layout(compose(AUTO_12B + ["train.batch_tolerance=0.0"]), GPUS["B200"], 2048)
 
 
-# The goal: the 12B in NVFP4 on B200 with parallel=auto at >= 90% of its 8-GPU MFU at 64 and 256 GPUs,
+# The scaling goal: the 12B in NVFP4 on B200 with parallel=auto at >= 90% of its 8-GPU MFU at 64 and 256 GPUs,
 # >= 80% at 1024 and 2048. The planner (honest, not tuned to it) meets it at 64 and 256 only; at 1024 and 2048
-# the batch (736 +- 5%) forces tensor parallelism (tp 4 / 8) whose collectives are not overlapped, and the root
-# unit (embedding and LM head, replicated over tp) is reduced over InfiniBand after the last backward:
-# docs/planning.md, "The 12B on B200: the goal".
+# the batch (736 +- 5%) forces tensor parallelism (tp 4 / 8), under which NVFP4 runs emulated (the TP pass does
+# not shard Transformer Engine's layers), its collectives are not overlapped, and the root unit (embedding and LM
+# head, replicated over tp) is reduced over InfiniBand after the last backward:
+# docs/planning.md, "The 12B on B200: the scaling goal".
 GOAL = {64: 0.90, 256: 0.90, 1024: 0.80, 2048: 0.80}
-NOT_MET = {1024: "plans 62% of the 8-GPU MFU", 2048: "plans 37% of the 8-GPU MFU"}
+NOT_MET = {1024: "plans 47% of the 8-GPU MFU (tp 4, NVFP4 emulated under tp)",
+           2048: "plans 31% of the 8-GPU MFU (tp 8)"}
 
 
 @pytest.mark.parametrize("gpus", sorted(GOAL))
