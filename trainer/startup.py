@@ -55,6 +55,12 @@ def settle_config(cfg: TrainConfig, gpu: GpuSpec, world_size: int, gpus_per_node
     """Steps 1, 3 and 4 for ``world_size`` devices like ``gpu``: the checked config with parallel=auto's layout
     and the batch the world runs. ConfigError (one line naming the field) when refused."""
     validate_train_config(cfg)
+    return _layout_and_batch(cfg, gpu, world_size, gpus_per_node, model)
+
+
+def _layout_and_batch(cfg: TrainConfig, gpu: GpuSpec, world_size: int, gpus_per_node: Optional[int],
+                      model) -> Settled:
+    """Steps 3 and 4 on a config whose fields are checked."""
     choice = None
     if cfg.parallel.auto:
         from trainer.planning.auto import choose_layout
@@ -80,7 +86,7 @@ def start_run(cfg: TrainConfig) -> Settled:
         from trainer.hf.load import adopt_hf_architecture
 
         model, _ = adopt_hf_architecture(cfg.model, cfg.checkpoint.init_from_hf)
-    settled = settle_config(cfg, gpu, world, local_world, model=model)
+    settled = _layout_and_batch(cfg, gpu, world, local_world, model)
     settled.plan = preflight(settled.cfg)
     check_export_directory_at_start(settled.cfg)
     check_data_requirement(settled.cfg)
