@@ -82,6 +82,11 @@ _OPERANDS = {"fprop": ("Fprop X", "Fprop W"), "dgrad": ("Dgrad dY", "Dgrad W^T")
 # ----------------------------------------------------------------------------------------------
 # The collectives and the token slice
 
+# torch 2.13 renamed the functional collectives (the *_tensor names warn as deprecated); older torch has
+# only the old names. Same semantics either way: gather/scatter along any dim, returning an async tensor.
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+
 
 class _GatherSequence(torch.autograd.Function):
     """All-gather along dim 1; backward: reduce-scatter (sum) along dim 1. Written out rather than torch's
@@ -90,11 +95,11 @@ class _GatherSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, group):
         ctx.group = group
-        return funcol.wait_tensor(funcol.all_gather_tensor(hidden.contiguous(), gather_dim=1, group=group))
+        return funcol.wait_tensor(_all_gather(hidden.contiguous(), gather_dim=1, group=group))
 
     @staticmethod
     def backward(ctx, grad):
-        return funcol.wait_tensor(funcol.reduce_scatter_tensor(grad.contiguous(), "sum", scatter_dim=1,
+        return funcol.wait_tensor(_reduce_scatter(grad.contiguous(), "sum", scatter_dim=1,
                                                                group=ctx.group)), None
 
 
@@ -104,12 +109,12 @@ class _ReduceScatterSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, partial, group):
         ctx.group = group
-        return funcol.wait_tensor(funcol.reduce_scatter_tensor(partial.contiguous(), "sum", scatter_dim=1,
+        return funcol.wait_tensor(_reduce_scatter(partial.contiguous(), "sum", scatter_dim=1,
                                                                group=group))
 
     @staticmethod
     def backward(ctx, grad):
-        return funcol.wait_tensor(funcol.all_gather_tensor(grad.contiguous(), gather_dim=1, group=ctx.group)), None
+        return funcol.wait_tensor(_all_gather(grad.contiguous(), gather_dim=1, group=ctx.group)), None
 
 
 def gather_sequence(hidden: torch.Tensor, group) -> torch.Tensor:
