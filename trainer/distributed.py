@@ -17,7 +17,8 @@ time (trainer/heartbeat.py).
      mesh, sequence parallelism between the mixers)
   3. activation checkpointing per block (full, or only blocks of given symbols)
   4. torch.compile per block (`module.compile()` keeps parameter names; trainer/compile.py)
-  5. FSDP2 `fully_shard` per block, then the root, over the data-parallel mesh; HSDP when
+  5. FSDP2 `fully_shard` on the embedding, each block and the head (norm_f + lm_head), then the root,
+     over the data-parallel mesh; HSDP when
      dp_replicate > 1. parallel.reshard decides whether a block's gathered parameters are freed
      after each micro-batch's forward and backward or kept over the step (`set_fsdp_micro_step`)
 """
@@ -214,11 +215,17 @@ def apply_activation_checkpointing(model: nn.Module, which: str) -> int:
 
 
 def apply_fsdp(model: nn.Module, env: DistEnv, cfg: ParallelConfig, param_dtype: torch.dtype) -> None:
-    """FSDP2 over the data-parallel mesh: shard each block, then the root (embeddings, final norm, LM head).
+    """FSDP2 over the data-parallel mesh, one unit each for the embedding, every block, and the head (final
+    norm and LM head), then the root (no parameters of its own).
 
-    parallel.reshard='per_micro_batch' frees a block's gathered parameters after its forward (all but the
-    last block, needed first in backward) and after its backward; 'per_step' keeps every block gathered
-    from the step's first forward to its last backward (`set_fsdp_micro_step` says when to free them).
+    The embedding and the head are units of their own (torchtitan's layout) rather than the root's: the
+    head's all-gather then runs behind the blocks' forward and its reduce-scatter behind their backward,
+    leaving only the embedding's (half of the vocabulary-sized parameters) before the first forward and
+    after the last backward; and under parallel.reshard='per_micro_batch' the embedding is freed between
+    its forward and backward. parallel.reshard='per_micro_batch' frees a unit's gathered parameters after
+    its forward (all but the head and the last block, needed first in backward) and after its backward;
+    'per_step' keeps every unit gathered from the step's first forward to its last backward
+    (`set_fsdp_micro_step` says when to free them).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -226,10 +233,13 @@ def apply_fsdp(model: nn.Module, env: DistEnv, cfg: ParallelConfig, param_dtype:
         raise RuntimeError("FSDP needs a process group; trainer.distributed.init_distributed makes one")
     mesh = env.dp_mesh
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=resolve_dtype(cfg.reduce_dtype, env.device))
+    per_step = cfg.reshard == "per_step"
+    fully_shard(model.embeddings, mesh=mesh, mp_policy=policy, reshard_after_forward=not per_step)
     blocks = list(model.layers)
     for index, block in enumerate(blocks):
-        keep = cfg.reshard == "per_step" or index == len(blocks) - 1
+        keep = per_step or index == len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=not keep)
+    fully_shard([model.norm_f, model.lm_head], mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 

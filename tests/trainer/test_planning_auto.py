@@ -11,7 +11,7 @@ import pytest
 from trainer.config import compose
 from trainer.hardware import GPUS, cpu_spec, host_memory_gib
 from trainer.planning import plan_run
-from trainer.planning.auto import checkpoint_options, choose_layout, explicit_vs_auto, mesh_options
+from trainer.planning.auto import TIE_TOLERANCE, checkpoint_options, choose_layout, explicit_vs_auto, mesh_options
 from trainer.planning.plan import format_count, format_duration
 from trainer.validate import ConfigError
 
@@ -33,7 +33,8 @@ def test_the_choice_is_plan_run_of_the_chosen_config_and_fits():
     again = plan_run(choice.config, GPUS["B200"], 64, token_budget=10e12)
     assert choice.fits and choice.config.parallel.auto
     assert again.step_time_s == choice.plan.step_time_s and again.peak_memory_gib == choice.plan.peak_memory_gib
-    assert all(plan.seconds_per_token >= choice.plan.seconds_per_token for plan in choice.runners_up)
+    # A runner-up is slower, or within the tie tolerance and lost on the preferences (float32 reduction here).
+    assert all(plan.seconds_per_token >= choice.plan.seconds_per_token * (1 - TIE_TOLERANCE) for plan in choice.runners_up)
     assert "parallel.auto=false" in choice.overrides() and "parallel.dp_shard=8" in choice.overrides()
     line = choice.line()
     assert line.startswith("parallel=auto on 64 x B200: ") and "MFU" in line and "\n" not in line
@@ -67,12 +68,11 @@ def test_nothing_fits_returns_the_leanest_plan_and_a_batch_no_layout_runs_is_ref
 # The scaling goal: the 12B in NVFP4 on B200 with parallel=auto at >= 90% of its 8-GPU MFU at 64 and 256 GPUs,
 # >= 80% at 1024 and 2048. The planner (honest, not tuned to it) meets it at 64 and 256 only; at 1024 and 2048
 # the batch (736 +- 5%) forces tensor parallelism (tp 4 / 8), under which NVFP4 runs emulated (the TP pass does
-# not shard Transformer Engine's layers), its collectives are not overlapped, and the root unit (embedding and LM
-# head, replicated over tp) is reduced over InfiniBand after the last backward:
-# docs/planning.md, "The 12B on B200: the scaling goal".
+# not shard Transformer Engine's layers), its collectives are not overlapped, and the embedding (replicated over
+# tp) is gathered and reduced over InfiniBand around each step: docs/planning.md, "The 12B on B200: the scaling goal".
 GOAL = {64: 0.90, 256: 0.90, 1024: 0.80, 2048: 0.80}
-NOT_MET = {1024: "plans 47% of the 8-GPU MFU (tp 4, NVFP4 emulated under tp)",
-           2048: "plans 31% of the 8-GPU MFU (tp 8)"}
+NOT_MET = {1024: "plans 50% of the 8-GPU MFU (tp 4, NVFP4 emulated under tp)",
+           2048: "plans 36% of the 8-GPU MFU (tp 8, 3,072 tokens a GPU a step)"}
 
 
 @pytest.mark.parametrize("gpus", sorted(GOAL))

@@ -62,7 +62,7 @@ def test_fsdp_pads_each_parameter_to_the_shard_group():
 
 
 def test_policies_change_the_calls_per_unit():
-    """4 micro-batches on 4 ranks: per_micro_batch gathers 8 times (the last block and the root 4), per_step
+    """4 micro-batches on 4 ranks: per_micro_batch gathers 8 times (the last block and the head 4), per_step
     once; grad_reduce per_step reduces once, per_micro_batch 4 times."""
     def calls(*policy):
         cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=16", *policy])
@@ -71,20 +71,21 @@ def test_policies_change_the_calls_per_unit():
 
     default = calls()
     assert default[("all_gather", "layers.0")] == 8 and default[("all_gather", "layers.5")] == 4
-    assert default[("all_gather", "root")] == 4 and default[("reduce_scatter", "layers.0")] == 1
+    assert default[("all_gather", "head")] == 4 and default[("all_gather", "embeddings")] == 8
+    assert default[("reduce_scatter", "layers.0")] == 1
     once = calls("parallel.reshard=per_step", "parallel.grad_reduce=per_micro_batch")
-    assert once[("all_gather", "layers.0")] == once[("all_gather", "root")] == 1
-    assert once[("reduce_scatter", "layers.0")] == once[("reduce_scatter", "root")] == 4
+    assert once[("all_gather", "layers.0")] == once[("all_gather", "head")] == once[("all_gather", "embeddings")] == 1
+    assert once[("reduce_scatter", "layers.0")] == once[("reduce_scatter", "head")] == 4
 
 
 def test_hsdp_all_reduces_the_sharded_gradient_and_a_shard_of_one_gathers_nothing():
     cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=8", "parallel.dp_shard=2",
                           "parallel.dp_replicate=4"])
     layout = resolve_layout(cfg, GPUS["H200"], 8)
-    root = unit_sizes(cfg.model, 1, 2)[-1]
+    head = unit_sizes(cfg.model, 1, 2)[-1]
     got = by_key(step_collectives(cfg.model, layout))
-    assert got[("all_reduce", "dp_replicate", "root")] == (4, 4 * root.padded_numel // 2, 1)
-    assert got[("reduce_scatter", "dp_shard", "root")] == (2, 4 * root.padded_numel, 1)
+    assert got[("all_reduce", "dp_replicate", "head")] == (4, 4 * head.padded_numel // 2, 1)
+    assert got[("reduce_scatter", "dp_shard", "head")] == (2, 4 * head.padded_numel, 1)
     single = compose(TINY + ["precision=bf16", "train.global_batch_size=8", "parallel.dp_shard=1",
                              "parallel.dp_replicate=8"])
     plain = step_collectives(single.model, resolve_layout(single, GPUS["H200"], 8))

@@ -9,14 +9,14 @@ over, its bytes per call and its calls per step, and what it is for. Bytes per c
     reduce_scatter   the unsharded input buffer: group size x each rank's output
     all_reduce       the tensor reduced
 
-FSDP2 (parallel.fsdp; U units: one per block and the root, trainer.planning.parameters), per unit, with
+FSDP2 (parallel.fsdp; U units: the embedding, one per block, the head, trainer.planning.parameters), per unit, with
 A micro-batches a step, S = dp_shard, R = dp_replicate, c the compute bytes (parallel.param_dtype) and
 g the reduce bytes (parallel.reduce_dtype); buffers are the unit's TP-local parameters, each padded to a
 multiple of S along dim 0, in one flat buffer (torch's _fsdp_collectives: foreach_all_gather,
 foreach_reduce):
 
     all_gather over dp_shard      c x padded    reshard=per_micro_batch: 2A calls (each micro-batch's
-                                                forward and backward), A for the last block and the root
+                                                forward and backward), A for the last block and the head
                                                 (kept gathered from forward to backward);
                                                 reshard=per_step: 1 call (gathered once, kept all step)
     reduce_scatter over dp_shard  g x padded    grad_reduce=per_step: 1 call; per_micro_batch: A calls
@@ -69,7 +69,7 @@ from models.config import ModelConfig
 from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
 from trainer.planning.layout import RunLayout, memoized
-from trainer.planning.parameters import COLUMN_PARALLEL, ROOT, UnitSize, fsdp_units, unit_sizes
+from trainer.planning.parameters import COLUMN_PARALLEL, HEAD, UnitSize, fsdp_units, unit_sizes
 
 ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
 DP_SHARD, DP_REPLICATE, TP, WORLD = "dp_shard", "dp_replicate", "tp", "world"
@@ -98,7 +98,7 @@ class Collective:
     dtype: str
     purpose: str
     unit: str = ""
-    """The FSDP unit ('layers.3', 'root') or parameter it serves; '' for activations and scalars."""
+    """The FSDP unit ('embeddings', 'layers.3', 'head') or parameter it serves; '' for activations and scalars."""
     scalar: bool = False
     """A tiny latency-bound collective (loss, gradient norm, a flag)."""
     overlapped: bool = False
@@ -151,7 +151,7 @@ def _fsdp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]
     last_block = units[-2].name
     out: List[Collective] = []
     for unit in units:
-        out += _fsdp_unit_collectives(layout, unit, kept=unit.name in (last_block, ROOT))
+        out += _fsdp_unit_collectives(layout, unit, kept=unit.name in (last_block, HEAD))
     return out
 
 

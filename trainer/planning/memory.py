@@ -17,8 +17,9 @@ Compute weights (held between a linear's forward and its backward):
                           linear saves its quantized weight when Dgrad reuses it (NVFP4 2D tiles: the
                           emulation keeps the values in BF16, a native GEMM its 4-bit codes; FP8 128x128
                           tiles: W^T in FP8); nothing for blocks that recompute their activations
-    with FSDP             parallel.reshard=per_micro_batch: the root module's parameters (embedding, LM
-                          head, final norm: FSDP2 keeps the root unsharded from forward to backward) and two
+    with FSDP             parallel.reshard=per_micro_batch: the head's parameters (LM head, final norm:
+                          kept unsharded from forward to backward; the embedding is freed after its forward
+                          and gathered again for its backward, once the head's are freed) and two
                           blocks in flight (the one computing, the one prefetched); per_step: every unit's
                           parameters, gathered once and kept all step (c P_T); in the compute dtype c, plus
                           quantized weights saved as above (a TP rank's shard of each block linear)
@@ -60,7 +61,7 @@ from models.config import ModelConfig
 from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
 from trainer.planning.layout import RunLayout, memoized
-from trainer.planning.parameters import COLUMN_PARALLEL, largest_block_local, local_parameters, root_local
+from trainer.planning.parameters import COLUMN_PARALLEL, head_local, largest_block_local, local_parameters
 
 GIB = 2**30
 
@@ -173,7 +174,7 @@ def gathered_parameter_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
         return 0.0
     if layout.reshard == "per_step":
         return layout.compute_bytes * local_parameters(cfg, layout.tp)
-    return layout.compute_bytes * (root_local(cfg, layout.tp) + 2 * largest_block_local(cfg, layout.tp))
+    return layout.compute_bytes * (head_local(cfg, layout.tp) + 2 * largest_block_local(cfg, layout.tp))
 
 
 def activation_bytes_per_token(cfg: ModelConfig, layout: RunLayout) -> tuple[float, float]:

@@ -16,10 +16,11 @@ dimension split in T, None for a parameter replicated on every TP rank):
               o_proj [h, Hq a]                    dim 1 (row-parallel)
     MLP       up_proj [F, h]                      dim 0 (column-parallel)
               down_proj [h, F]                    dim 1 (row-parallel)
-    root      embeddings.weight [V, h], norm_f.weight [h], lm_head.weight [V, h]   replicated
+    outside   embeddings.weight [V, h], norm_f.weight [h], lm_head.weight [V, h]   replicated
 
-FSDP2 units (trainer.distributed.apply_fsdp): one per block (``layers.i``) and the root (``root``: the
-parameters no block holds). FSDP2 shards each parameter's TP-local tensor along dim 0 over the shard
+FSDP2 units (trainer.distributed.apply_fsdp), in the order they run forward: the embedding
+(``embeddings``), one per block (``layers.i``), the head (``head``: norm_f and lm_head); the root module
+holds no parameter of its own and issues no collective. FSDP2 shards each parameter's TP-local tensor along dim 0 over the shard
 group of S ranks, padding dim 0 to a multiple of S; a unit's all-gather and reduce-scatter move one flat
 buffer of its parameters' padded local sizes (torch.distributed.fsdp._fully_shard: _fsdp_collectives).
 """
@@ -33,7 +34,7 @@ from typing import Dict, Optional, Tuple
 from models.config import ModelConfig
 from models.gemms import block_linears
 
-ROOT = "root"
+EMBEDDINGS, HEAD = "embeddings", "head"
 
 # Block linears split column-wise (output features, dim 0) or row-wise (input features, dim 1).
 COLUMN_PARALLEL = frozenset({"in_proj", "q_proj", "k_proj", "v_proj", "up_proj"})
@@ -63,11 +64,11 @@ class Param:
 
 @dataclass(frozen=True)
 class Unit:
-    """One FSDP2 unit: a block (``layers.i``) or the root."""
+    """One FSDP2 unit: the embedding, a block (``layers.i``) or the head."""
 
     name: str
     symbol: Optional[str]
-    """The block's pattern symbol; None for the root."""
+    """The block's pattern symbol; None for the embedding and the head."""
     params: Tuple[Param, ...]
 
     def numel(self) -> int:
@@ -110,21 +111,24 @@ def block_params(cfg: ModelConfig, symbol: str, prefix: str) -> Tuple[Param, ...
     return tuple(params)
 
 
-def root_params(cfg: ModelConfig) -> Tuple[Param, ...]:
+def embedding_params(cfg: ModelConfig) -> Tuple[Param, ...]:
+    return (Param("embeddings.weight", (cfg.vocab_size, cfg.hidden_size), None),)
+
+
+def head_params(cfg: ModelConfig) -> Tuple[Param, ...]:
     V, h = cfg.vocab_size, cfg.hidden_size
-    return (Param("embeddings.weight", (V, h), None), Param("norm_f.weight", (h,), None),
-            Param("lm_head.weight", (V, h), None))
+    return (Param("norm_f.weight", (h,), None), Param("lm_head.weight", (V, h), None))
 
 
 _UNITS: Dict[str, Tuple[Unit, ...]] = {}
 
 
 def fsdp_units(cfg: ModelConfig) -> Tuple[Unit, ...]:
-    """The FSDP2 units in the order FSDP2 wraps them: the blocks in pattern order, then the root."""
+    """The FSDP2 units in the order they run forward: the embedding, the blocks in pattern order, the head."""
     key = repr(cfg)
     if key not in _UNITS:
         blocks = tuple(Unit(f"layers.{i}", s, block_params(cfg, s, f"layers.{i}")) for i, s in enumerate(cfg.pattern))
-        _UNITS[key] = blocks + (Unit(ROOT, None, root_params(cfg)),)
+        _UNITS[key] = (Unit(EMBEDDINGS, None, embedding_params(cfg)),) + blocks + (Unit(HEAD, None, head_params(cfg)),)
     return _UNITS[key]
 
 
@@ -164,6 +168,6 @@ def largest_block_local(cfg: ModelConfig, tp: int) -> int:
     return max(unit.local_numel for unit in unit_sizes(cfg, tp, 1) if unit.symbol is not None)
 
 
-def root_local(cfg: ModelConfig, tp: int) -> int:
-    """TP-local parameters of the root unit (embedding, final norm, LM head: replicated)."""
-    return next(unit.local_numel for unit in unit_sizes(cfg, tp, 1) if unit.name == ROOT)
+def head_local(cfg: ModelConfig, tp: int) -> int:
+    """TP-local parameters of the head unit (final norm, LM head: replicated)."""
+    return next(unit.local_numel for unit in unit_sizes(cfg, tp, 1) if unit.name == HEAD)

@@ -30,9 +30,11 @@ collectives list (trainer.planning.collectives.step_collectives, its seconds per
     scalars           the loss, gradient-norm and flag all-reduces, not overlapped
     FSDP / HSDP       overlapped with the step's compute and TP time (FSDP2 gathers the next unit and
                       reduces the previous one on their own streams) except what exceeds them, and the
-                      calls nothing can hide: the root's and the first block's all-gathers before a
-                      forward can start (each micro-batch with reshard=per_micro_batch, once with
-                      per_step), the root's reduce-scatter and all-reduce after the last backward
+                      calls nothing can hide: the embedding's and the first block's all-gathers before
+                      a forward can start (each micro-batch with reshard=per_micro_batch, once with
+                      per_step), the embedding's reduce-scatter and all-reduce after the last backward
+                      (the head's gather runs behind the blocks' forward, its reduction behind their
+                      backward)
 
 With tensor parallelism over T ranks every term of the micro-batch is one rank's share
 (trainer.planning.tensor_parallel: the GEMMs at their local shapes; attention, the SSD, the elementwise
@@ -56,7 +58,7 @@ from trainer.planning.collectives import Collective, call_seconds, seconds_by_ki
 from trainer.planning.gemm_costs import FORMAT_COSTS, OUTPUT_BYTES, gemm_operand_bytes, quantization_bytes
 from trainer.planning.layout import RunLayout, memoized
 from trainer.planning.memory import block_activation_bytes, linear_saved_input_bytes
-from trainer.planning.parameters import ROOT, local_parameters
+from trainer.planning.parameters import EMBEDDINGS, local_parameters
 from trainer.planning.tensor_parallel import local_training_gemms
 
 
@@ -223,14 +225,14 @@ def micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H20
 def exposed_tail(layout: RunLayout, collectives: Sequence[Collective], eff: Efficiency) -> float:
     """Seconds of FSDP/HSDP calls nothing can hide (module docstring)."""
     first_block = "layers.0"
-    ends = [c for c in collectives if c.overlapped and c.unit in (ROOT, first_block)]
+    ends = [c for c in collectives if c.overlapped and c.unit in (EMBEDDINGS, first_block)]
 
     def seconds(unit: str, op: str) -> float:
         return sum(call_seconds(c, layout, eff.network) for c in ends if c.unit == unit and c.op == op)
 
     gathers = layout.accumulation if layout.reshard == "per_micro_batch" else 1
-    start = gathers * (seconds(ROOT, "all_gather") + seconds(first_block, "all_gather"))
-    return start + seconds(ROOT, "reduce_scatter") + seconds(ROOT, "all_reduce")
+    start = gathers * (seconds(EMBEDDINGS, "all_gather") + seconds(first_block, "all_gather"))
+    return start + seconds(EMBEDDINGS, "reduce_scatter") + seconds(EMBEDDINGS, "all_reduce")
 
 
 def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> StepTime:
