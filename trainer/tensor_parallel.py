@@ -17,12 +17,16 @@ data-parallel mesh: 2-D DTensors):
     Mamba conv1d weight, bias; dt_bias, A_log, D;    Shard(0)    the same groups' channels / heads
       gated norm weight
     o_proj, down_proj, out_proj       [h, in]        Shard(1)    the input columns of its heads / groups
-    embeddings, block norms, norm_f, lm_head         Replicate   everything
+    embeddings                        [V, h]         Shard(0)    vocabulary rows [r V/tp, ...) (Megatron's
+                                                                 vocab-parallel embedding)
+    block norms, norm_f, lm_head                     Replicate   everything
 
 The forward computes with local tensors (``.to_local()``, differentiable) and these collectives, all
 over the tp group and autograd-aware (torch's functional collectives), per block and micro-batch
 (B batch, T sequence, h hidden):
 
+    embedding      each rank looks up the ids its rows hold (zeros for the rest), then a reduce-scatter
+                   along the sequence sums the ranks' rows [B, T, h] -> [B, T/tp, h] (backward: all-gather)
     mixer input    all-gather along the sequence  [B, T/tp, h] -> [B, T, h]   (backward: reduce-scatter)
     mixer output   reduce-scatter along the sequence, summing the row-parallel partial outputs
                    [B, T, h] -> [B, T/tp, h]                                  (backward: all-gather)
@@ -30,9 +34,13 @@ over the tp group and autograd-aware (torch's functional collectives), per block
     linears        (NVFP4, FP8 per tensor; ``models.quant.quantized_linear.TP_AMAX_OPERANDS``)
 
 (forward hooks on each mixer: ``gather_sequence`` / ``reduce_scatter_sequence``). Everything else runs
-on the rank's contiguous T/tp tokens with no communication: the embedding lookup (the model takes the
-full input_ids [B, T]), norms, residual adds, the final norm, the LM head (logits [B, T/tp, V]) and the
-loss. The loop backpropagates (its shard's mean loss) / tp; the gradients of sharded parameters are
+on the rank's contiguous T/tp tokens with no communication: norms, residual adds, the final norm, the LM
+head (logits [B, T/tp, V]) and the loss (the model takes the full input_ids [B, T]). The embedding is
+split by rows rather than replicated because it is the one parameter FSDP2 gathers before the first
+forward and reduces after the last backward with nothing to hide behind (trainer.distributed.apply_fsdp):
+split over tp, that traffic is 1/tp; the price is one reduce-scatter and one all-gather of [B, T, h] per
+micro-batch, each one of a block's. Each id lands on exactly one rank, so the sum is the looked-up row
+itself (the others add exact zeros): bit-identical to the unsharded lookup. The loop backpropagates (its shard's mean loss) / tp; the gradients of sharded parameters are
 then complete on each rank, those of replicated ones partial: ``reduce_tp_replicated_grads`` sums
 them over the tp group (one all-reduce per dtype, on the local tensors, whatever FSDP2's sharding).
 
@@ -150,17 +158,22 @@ def _reduce_scatter_hook(group, module, args, output):
     return reduce_scatter_sequence(output, group)
 
 
-class SequenceShardedEmbedding(nn.Embedding):
-    """nn.Embedding under sequence parallelism: the full input_ids [B, T] in, this rank's [B, T/tp, h]
-    out, looked up in the replicated table (``tp_rank``, ``tp_size`` set by ``apply_tensor_parallel``)."""
+class VocabParallelEmbedding(nn.Embedding):
+    """nn.Embedding split by vocabulary rows over the tp group, under sequence parallelism: the full
+    input_ids [B, T] in, this rank's [B, T/tp, h] out (module docstring). ``tp_rank`` and ``tp_group`` are
+    set by ``apply_tensor_parallel``; the weight is a DTensor Shard(0) holding rows [tp_rank V/tp, ...)."""
 
     tp_rank: int
-    tp_size: int
+    tp_group: object
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        ids = _sequence_slice(input_ids, self.tp_rank, self.tp_size)
-        return F.embedding(ids, local_tensor(self.weight), self.padding_idx, self.max_norm, self.norm_type,
-                           self.scale_grad_by_freq, self.sparse)
+        weight = local_tensor(self.weight)  # [V/tp, h]
+        rows = weight.shape[0]
+        local_ids = input_ids - self.tp_rank * rows
+        elsewhere = (local_ids < 0) | (local_ids >= rows)  # another rank's rows
+        partial = F.embedding(local_ids.masked_fill(elsewhere, 0), weight, None, self.max_norm, self.norm_type,
+                              self.scale_grad_by_freq, self.sparse)
+        return reduce_scatter_sequence(partial.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.tp_group)
 
 
 class LocalLinear(nn.Linear):
@@ -272,6 +285,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         raise ValueError(f"apply_tensor_parallel takes the 1-D tensor-parallel mesh (mesh['tp']), got {tp_mesh}")
     tp = tp_mesh.size()
     counts = {"tp": tp, "column_parallel_linears": 0, "row_parallel_linears": 0, "sharded_vectors": 0,
+              "vocab_parallel_embeddings": 0,
               "replicated_parameters": 0, "quantized_sharded_linears": 0, "sequence_parallel_mixers": 0,
               "collectives_per_micro_batch": {
                   "forward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0},
@@ -294,13 +308,16 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
             owner = block.mixer.get_submodule(owner_path) if owner_path else block.mixer
             others.append((owner, param_name, f"layers.{index}.mixer.{path}", Shard(0)))
         others.append((block.norm, "weight", f"layers.{index}.norm.weight", Replicate()))
-    others += [(model.embeddings, "weight", "embeddings.weight", Replicate()),
+    others += [(model.embeddings, "weight", "embeddings.weight", Shard(0)),
                (model.norm_f, "weight", "norm_f.weight", Replicate())]
 
     for parent, child, name, role in linears:
         _check_linear(getattr(parent, child), name, role, tp)
     if type(model.embeddings) is not nn.Embedding:
         raise ValueError(f"tensor parallelism: embeddings is a {type(model.embeddings).__name__}, expected nn.Embedding")
+    if model.embeddings.padding_idx is not None or model.embeddings.sparse:
+        raise ValueError("tensor parallelism: the vocabulary-parallel embedding takes no padding_idx and no sparse "
+                         "gradient")
     planned = {name for _, _, name, _ in others} | {f"{name}.{param}" for parent, child, name, _ in linears
                                                      for param, _ in getattr(parent, child).named_parameters()}
     unplanned = sorted(set(dict(model.named_parameters())) - planned)
@@ -316,9 +333,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         _prepare_linear(parent, child, role, tp_mesh, counts)
         if role != "sequence":
             counts[f"{role}_parallel_linears"] += 1
-    for owner, param_name, _, placement in others:
+    for owner, param_name, name, placement in others:
         _distribute(owner, param_name, placement, tp_mesh)
-        counts["sharded_vectors" if isinstance(placement, Shard) else "replicated_parameters"] += 1
+        kind = "sharded_vectors" if isinstance(placement, Shard) else "replicated_parameters"
+        counts["vocab_parallel_embeddings" if name == "embeddings.weight" else kind] += 1
     counts["replicated_parameters"] += sum(1 for _ in model.lm_head.parameters())
     for block in model.layers:  # the sequence-parallel boundary around each mixer
         block.mixer.register_forward_pre_hook(functools.partial(_gather_hook, group))
@@ -327,8 +345,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         for phase in ("forward", "backward"):
             counts["collectives_per_micro_batch"][phase]["all_gather"] += 1
             counts["collectives_per_micro_batch"][phase]["reduce_scatter"] += 1
-    model.embeddings.__class__ = SequenceShardedEmbedding  # looks up the rank's tokens
-    model.embeddings.tp_rank, model.embeddings.tp_size = rank, tp
+    model.embeddings.__class__ = VocabParallelEmbedding  # looks up its rows, then the sequence reduce-scatter
+    model.embeddings.tp_rank, model.embeddings.tp_group = rank, group
+    counts["collectives_per_micro_batch"]["forward"]["reduce_scatter"] += 1
+    counts["collectives_per_micro_batch"]["backward"]["all_gather"] += 1
 
     replicated = [name for _, _, name, placement in others if isinstance(placement, Replicate)]
     replicated += [f"lm_head.{name}" for name, _ in model.lm_head.named_parameters()]
@@ -338,7 +358,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
 
 
 def reduce_tp_replicated_grads(model: nn.Module) -> int:
-    """Sum the gradients of the TP-replicated parameters (embeddings, norms, LM head) over the tp group.
+    """Sum the gradients of the TP-replicated parameters (norms, LM head) over the tp group.
 
     Each tp rank backpropagates its own tokens' loss, so these gradients are partial sums; after this
     every tp rank holds the full gradient. Call once per optimizer step, after the last micro-batch's

@@ -160,13 +160,13 @@ def _validate_parallel(cfg: TrainConfig) -> None:
 def tensor_parallel_problem(model, tp: int, seq_len: int) -> str:
     """Why ``model`` cannot be split over ``tp`` ranks ('' when it can).
 
-    Every sharded dimension divides evenly: attention heads and KV heads, the MLP's hidden width, Mamba-2
-    groups (and so its heads), and the sequence (sequence parallelism splits the tokens of the norms and
+    Every sharded dimension divides evenly: the vocabulary (the embedding's rows), attention heads and KV
+    heads, the MLP's hidden width, Mamba-2 groups (and so its heads), and the sequence (sequence parallelism splits the tokens of the norms and
     residual). That each rank's share of a quantized linear keeps whole quantization blocks is checked
     by the tensor-parallel pass, which knows the precision plan.
     """
     symbols = set(model.pattern)
-    checks = [("data.seq_len", seq_len)]
+    checks = [("data.seq_len", seq_len), ("model.vocab_size", model.vocab_size)]
     if "*" in symbols:
         checks += [("model.num_attention_heads", model.num_attention_heads),
                    ("model.num_key_value_heads", model.num_key_value_heads)]

@@ -96,7 +96,8 @@ def test_hsdp_all_reduces_the_sharded_gradient_and_a_shard_of_one_gathers_nothin
 def test_tensor_parallel_collectives_by_hand():
     """tp 2 x FSDP 2 on the tiny model (6 blocks, h 64), 2 micro-batches of 32 tokens, BF16 on a GPU, the Mamba
     blocks recomputed: per micro-batch one gather and one scatter of [32, 64] BF16 per block and pass, the 3
-    recomputing blocks gather again; the replicated gradients (norms, embedding, LM head) once, flat."""
+    recomputing blocks gather again, the vocabulary-parallel embedding one scatter forward and one gather
+    backward; the replicated gradients (norms, LM head) once, flat."""
     cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=4", "parallel.tp=2",
                           "parallel.activation_checkpoint=M"])
     layout = resolve_layout(cfg, GPUS["H200"], 4)
@@ -106,7 +107,9 @@ def test_tensor_parallel_collectives_by_hand():
     assert got[("all_gather", "tp", "sequence-parallel mixer input")] == (2, activation, 2 * (2 * 6 + 3))
     assert got[("reduce_scatter", "tp", "sequence-parallel mixer output")] == (2, activation, 2 * 2 * 6)
     m = cfg.model
-    replicated = 6 * m.hidden_size + 2 * m.vocab_size * m.hidden_size + m.hidden_size  # all divisible by 2
+    assert got[("reduce_scatter", "tp", "vocabulary-parallel embedding rows (forward)")] == (2, activation, 2)
+    assert got[("all_gather", "tp", "vocabulary-parallel embedding gradient (backward)")] == (2, activation, 2)
+    replicated = 6 * m.hidden_size + m.vocab_size * m.hidden_size + m.hidden_size  # block norms, LM head, norm_f
     assert got[("all_reduce", "tp", "gradients of the TP-replicated parameters (flat, FSDP-sharded)")] == (
         2, 4 * replicated // 2, 1)
     # A TP rank gathers its FSDP shard of the TP-local parameters: the MLP block's up/down halves, its whole norm.

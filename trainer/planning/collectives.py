@@ -31,13 +31,16 @@ h hidden), per block and micro-batch, not overlapped with compute:
     reduce_scatter over tp  c t h    the mixer output: forward, backward (the all-gather's gradient); not
                                      in a recomputation (torch's non-reentrant checkpoint stops at the last
                                      saved tensor backward needs, before the output's reduce-scatter)
+    reduce_scatter over tp  c t h    once a micro-batch, the vocabulary-parallel embedding's rows summed
+                                     into the rank's tokens (forward); all_gather over tp, c t h: its
+                                     gradient (backward)
     all_reduce over tp      4 bytes  each per-tensor amax of a quantized TP linear whose format has a tensor
                                      scale (NVFP4, per-tensor FP8): column-parallel W (Fprop), dY (Dgrad),
                                      dY^T (Wgrad); row-parallel W and X (Fprop), X^T (Wgrad); a recomputing
                                      block repeats its Fprop ones. A quantized LM head (replicated, on t/T
                                      tokens): X and dY (Fprop, Dgrad) and dY^T, X^T (Wgrad)
     all_reduce over tp      4 x n    once a step, the gradients of every parameter replicated over TP
-                                     (block norms, embedding, final norm, LM head) in one flat FP32
+                                     (block norms, final norm, LM head) in one flat FP32
                                      buffer of their FSDP-sharded local tensors (n = sum of padded / S;
                                      trainer.tensor_parallel.reduce_tp_replicated_grads)
 
@@ -196,7 +199,9 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     # recomputing at the last tensor backward needs, before the output's reduce-scatter (which saves none).
     out = [Collective(ALL_GATHER, TP, T, activation, A * (2 * blocks + recomputing), compute,
                       "sequence-parallel mixer input"),
-           Collective(REDUCE_SCATTER, TP, T, activation, A * 2 * blocks, compute, "sequence-parallel mixer output")]
+           Collective(REDUCE_SCATTER, TP, T, activation, A * 2 * blocks, compute, "sequence-parallel mixer output"),
+           Collective(REDUCE_SCATTER, TP, T, activation, A, compute, "vocabulary-parallel embedding rows (forward)"),
+           Collective(ALL_GATHER, TP, T, activation, A, compute, "vocabulary-parallel embedding gradient (backward)")]
     amaxes = memoized(_AMAX_CACHE, model, layout, lambda: amaxes_per_micro_batch(model, layout), micro_batch=False)
     if amaxes:
         out.append(Collective(ALL_REDUCE, TP, T, 4, A * amaxes, "float32",

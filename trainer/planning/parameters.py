@@ -16,7 +16,8 @@ dimension split in T, None for a parameter replicated on every TP rank):
               o_proj [h, Hq a]                    dim 1 (row-parallel)
     MLP       up_proj [F, h]                      dim 0 (column-parallel)
               down_proj [h, F]                    dim 1 (row-parallel)
-    outside   embeddings.weight [V, h], norm_f.weight [h], lm_head.weight [V, h]   replicated
+    outside   embeddings.weight [V, h]                     dim 0 (vocabulary-parallel)
+              norm_f.weight [h], lm_head.weight [V, h]     replicated
 
 FSDP2 units (trainer.distributed.apply_fsdp), in the order they run forward: the embedding
 (``embeddings``), one per block (``layers.i``), the head (``head``: norm_f and lm_head); the root module
@@ -112,7 +113,7 @@ def block_params(cfg: ModelConfig, symbol: str, prefix: str) -> Tuple[Param, ...
 
 
 def embedding_params(cfg: ModelConfig) -> Tuple[Param, ...]:
-    return (Param("embeddings.weight", (cfg.vocab_size, cfg.hidden_size), None),)
+    return (Param("embeddings.weight", (cfg.vocab_size, cfg.hidden_size), 0),)
 
 
 def head_params(cfg: ModelConfig) -> Tuple[Param, ...]:
