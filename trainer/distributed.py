@@ -218,11 +218,11 @@ def apply_fsdp(model: nn.Module, env: DistEnv, cfg: ParallelConfig, param_dtype:
     """FSDP2 over the data-parallel mesh, one unit each for the embedding, every block, and the head (final
     norm and LM head), then the root (no parameters of its own).
 
-    The embedding and the head are units of their own (torchtitan's layout) rather than the root's: the
-    head's all-gather then runs behind the blocks' forward and its reduce-scatter behind their backward,
-    leaving only the embedding's (half of the vocabulary-sized parameters) before the first forward and
-    after the last backward; and under parallel.reshard='per_micro_batch' the embedding is freed between
-    its forward and backward. parallel.reshard='per_micro_batch' frees a unit's gathered parameters after
+    The embedding and the head are units of their own (torchtitan's layout) rather than the root's, so
+    each moves at its own point of the step: the embedding's gather before the first block's, the head's
+    as the forward reaches the last blocks (FSDP2 gathers one unit ahead) and its reduce-scatter first in
+    backward; under tensor parallelism the embedding is split by vocabulary rows, so its traffic is 1/tp;
+    and under parallel.reshard='per_micro_batch' the embedding is freed between its forward and backward. parallel.reshard='per_micro_batch' frees a unit's gathered parameters after
     its forward (all but the head and the last block, needed first in backward) and after its backward;
     'per_step' keeps every unit gathered from the step's first forward to its last backward
     (`set_fsdp_micro_step` says when to free them).

@@ -167,6 +167,9 @@ class VocabParallelEmbedding(nn.Embedding):
     tp_group: object
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Ids must lie in [0, V) (the data loader checks them against the vocabulary): one outside every
+        # rank's rows would come out as a zero row rather than an IndexError.
+        _sequence_slice(input_ids, self.tp_rank, self.tp_group.size())  # T divisible by tp, or the clear error
         weight = local_tensor(self.weight)  # [V/tp, h]
         rows = weight.shape[0]
         local_ids = input_ids - self.tp_rank * rows
@@ -315,9 +318,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         _check_linear(getattr(parent, child), name, role, tp)
     if type(model.embeddings) is not nn.Embedding:
         raise ValueError(f"tensor parallelism: embeddings is a {type(model.embeddings).__name__}, expected nn.Embedding")
-    if model.embeddings.padding_idx is not None or model.embeddings.sparse:
-        raise ValueError("tensor parallelism: the vocabulary-parallel embedding takes no padding_idx and no sparse "
-                         "gradient")
+    embedding = model.embeddings
+    if embedding.padding_idx is not None or embedding.sparse or embedding.scale_grad_by_freq or embedding.max_norm:
+        raise ValueError("tensor parallelism: the vocabulary-parallel embedding takes no padding_idx, max_norm, "
+                         "scale_grad_by_freq or sparse gradient (ids of other ranks' rows are looked up as row 0 "
+                         "and masked)")
     planned = {name for _, _, name, _ in others} | {f"{name}.{param}" for parent, child, name, _ in linears
                                                      for param, _ in getattr(parent, child).named_parameters()}
     unplanned = sorted(set(dict(model.named_parameters())) - planned)

@@ -117,6 +117,33 @@ def test_tensor_parallel_collectives_by_hand():
     assert got[("all_gather", "dp_shard", "layers.1")] == (2, 2 * mlp, 4)
 
 
+def test_what_fsdp2_cannot_hide_at_the_ends_of_a_step():
+    """The embedding's and the first block's gathers before the forward, the embedding's reduction after the
+    backward; the head's gather less the last two blocks' forward, its reduction less the last block's
+    backward (FSDP2 gathers one unit ahead and keeps one reduction in flight)."""
+    from trainer.planning.collectives import call_seconds
+    from trainer.planning.step_time import FORWARD_SHARE, H200_CALIBRATED, exposed_tail
+
+    cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=8", "parallel.dp_shard=4",
+                          "parallel.dp_replicate=2"])
+    layout = resolve_layout(cfg, GPUS["H200"], 8, gpus_per_node=4)
+    collectives = step_collectives(cfg.model, layout)
+    eff = H200_CALIBRATED
+
+    def seconds(unit, op):
+        return next(call_seconds(c, layout, eff.network) for c in collectives if c.unit == unit and c.op == op)
+
+    ends = (seconds("embeddings", "all_gather") + seconds("layers.0", "all_gather")
+            + seconds("embeddings", "reduce_scatter") + seconds("embeddings", "all_reduce"))
+    head_gather = seconds("head", "all_gather")
+    head_reduction = seconds("head", "reduce_scatter") + seconds("head", "all_reduce")
+    assert exposed_tail(layout, collectives, eff, 0.0) == pytest.approx(ends + head_gather + head_reduction)
+    assert exposed_tail(layout, collectives, eff, 1.0) == pytest.approx(ends)  # a block outlasts every call
+    block = head_reduction / (1 - FORWARD_SHARE)  # its backward hides the reduction, its forward part of the gather
+    assert exposed_tail(layout, collectives, eff, block) == pytest.approx(
+        ends + max(0.0, head_gather - 2 * FORWARD_SHARE * block))
+
+
 def test_amax_reductions_of_quantized_tp_linears():
     """NVFP4 (2D weights, per-tensor scales) on every block linear of the tiny model (32 Mamba heads of 4, so that
     each shard holds whole 16-blocks) at tp 2: column-parallel W, dY, dY^T and row-parallel W, X, X^T per

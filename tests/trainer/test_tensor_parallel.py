@@ -135,6 +135,20 @@ def test_local_tokens_is_the_ranks_contiguous_share_of_the_sequence():
         local_tokens(labels, _Mesh(0, 3))
 
 
+def test_the_vocab_parallel_embedding_refuses_a_sequence_tp_does_not_divide():
+    from trainer.tensor_parallel import VocabParallelEmbedding
+
+    class Group:
+        def size(self):
+            return 3
+
+    embedding = torch.nn.Embedding(12, 4)
+    embedding.__class__ = VocabParallelEmbedding
+    embedding.tp_rank, embedding.tp_group = 0, Group()
+    with pytest.raises(ValueError, match="sequence length 8 is not divisible by tp=3"):
+        embedding(torch.zeros(2, 8, dtype=torch.long))
+
+
 def test_stochastic_rounding_seed_mixes_in_the_tp_rank():
     from models.quant.gemm_spec import nvfp4_linear_spec
     from models.quant.linear import QuantLinear

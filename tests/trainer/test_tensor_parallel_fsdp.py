@@ -42,8 +42,8 @@ def _train_worker(rank: int, world: int, out_dir: str) -> None:
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                          set_model_state_dict)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
+    from trainer.config import ParallelConfig
+    from trainer.distributed import DistEnv, apply_fsdp
     from trainer.tensor_parallel import apply_tensor_parallel, local_tokens, reduce_tp_replicated_grads
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
@@ -51,9 +51,9 @@ def _train_worker(rank: int, world: int, out_dir: str) -> None:
     tp, dp_rank = tp_mesh.size(), dp_mesh.get_local_rank()
     model = build(tp_config())
     apply_tensor_parallel(model, tp_mesh)
-    for block in model.layers:
-        fully_shard(block, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+    # The trainer's units (the embedding, each block, the head, the root), in fp32 as the one-process reference.
+    env = DistEnv(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"), mesh=mesh, tp=tp)
+    apply_fsdp(model, env, ParallelConfig(reduce_dtype="float32"), torch.float32)
     optimizer = _optimizer(model)
     losses, norms = [], []
     for ids, labels in _batches():

@@ -47,7 +47,8 @@ The peak is the larger of two moments: the loss's backward (all activations, the
 largest, gradients only from earlier micro-batches) and a block's backward (the activations, one
 recomputing block's full set, all gradients: an upper bound, since backward frees activations as
 it creates gradients). Communication buffers: the reduce-scatter's unsharded gradient of the largest
-block in the reduce dtype. Not counted: the CUDA context and allocator fragmentation (the preflight
+FSDP unit (a block, or the head: the LM head is replicated over tp, so at tp > 1 it is the largest) in
+the reduce dtype. Not counted: the CUDA context and allocator fragmentation (the preflight
 keeps a margin for them), torch.compile's and cuBLAS's workspaces, the data loader, FSDP2's padding,
 the TP all-gather's output buffer beyond what the linears save.
 """
@@ -213,7 +214,8 @@ def plan_memory(cfg: ModelConfig, layout: RunLayout) -> MemoryPlan:
 
     kept, recomputed = activation_bytes_per_token(cfg, layout)
     head, logits = head_activation_bytes(cfg, layout), logits_bytes(cfg, layout)
-    buffers = layout.reduce_bytes * largest_block_local(cfg, layout.tp) if layout.gpus > 1 else 0.0
+    largest_unit = max(largest_block_local(cfg, layout.tp), head_local(cfg, layout.tp) if layout.fsdp else 0)
+    buffers = layout.reduce_bytes * largest_unit if layout.gpus > 1 else 0.0
 
     # Gradients present at the loss's backward: those of earlier micro-batches, where they are sharded already.
     earlier_grads = (state["gradients (fp32)"]

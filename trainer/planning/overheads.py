@@ -27,7 +27,7 @@ from typing import Dict
 from models.config import ModelConfig
 from trainer.planning.collectives import ALL_GATHER, REDUCE_SCATTER, TP, Collective, call_seconds
 from trainer.planning.layout import RunLayout
-from trainer.planning.step_time import H200_CALIBRATED, Efficiency, micro_batch_parts
+from trainer.planning.step_time import FORWARD_SHARE, H200_CALIBRATED, Efficiency, micro_batch_parts
 
 STARTUP_S = 30.0
 """Seconds from launch to the first step besides compilation (the module docstring: the study's runs)."""
@@ -36,9 +36,6 @@ COMPILE_S = 50.0
 two or three runs compiling side by side on one 16-core host."""
 GRAPH_CAPTURE_S = 5.0
 """Seconds to record the micro-step's CUDA graph without compiled blocks (a few eager warm-up steps)."""
-FORWARD_SHARE = 1 / 3
-"""A forward pass's share of a training micro-batch: Fprop is one of the three GEMMs of every linear, and
-the elementwise, attention and SSD forward kernels about a third of their forward + backward."""
 
 
 def evaluations(steps: int, eval_every: int) -> int:

@@ -32,9 +32,13 @@ collectives list (trainer.planning.collectives.step_collectives, its seconds per
                       reduces the previous one on their own streams) except what exceeds them, and the
                       calls nothing can hide: the embedding's and the first block's all-gathers before
                       a forward can start (each micro-batch with reshard=per_micro_batch, once with
-                      per_step), the embedding's reduce-scatter and all-reduce after the last backward
-                      (the head's gather runs behind the blocks' forward, its reduction behind their
-                      backward)
+                      per_step), the embedding's reduce-scatter and all-reduce after the last backward;
+                      and what of the head's calls outlasts the blocks beside them: FSDP2 gathers a unit
+                      only when the forward reaches the one before it, so the head's gather hides behind
+                      the last two blocks' forward alone, and it keeps one reduction in flight, so the
+                      head's reduce-scatter (and HSDP all-reduce), the first of the backward, hides
+                      behind the last block's backward alone (a block: the micro-batch's compute / blocks,
+                      FORWARD_SHARE of it forward)
 
 With tensor parallelism over T ranks every term of the micro-batch is one rank's share
 (trainer.planning.tensor_parallel: the GEMMs at their local shapes; attention, the SSD, the elementwise
@@ -58,7 +62,7 @@ from trainer.planning.collectives import Collective, call_seconds, seconds_by_ki
 from trainer.planning.gemm_costs import FORMAT_COSTS, OUTPUT_BYTES, gemm_operand_bytes, quantization_bytes
 from trainer.planning.layout import RunLayout, memoized
 from trainer.planning.memory import block_activation_bytes, linear_saved_input_bytes
-from trainer.planning.parameters import EMBEDDINGS, local_parameters
+from trainer.planning.parameters import EMBEDDINGS, HEAD, local_parameters
 from trainer.planning.tensor_parallel import local_training_gemms
 
 
@@ -122,6 +126,10 @@ class StepTime:
     def total(self) -> float:
         return self.compute + self.exposed_communication
 
+
+FORWARD_SHARE = 1 / 3
+"""A forward pass's share of a training micro-batch: Fprop is one of the three GEMMs of every linear, and
+the elementwise, attention and SSD forward kernels about a third of their forward + backward."""
 
 def _gemm_rate(layout: RunLayout, fmt: str, eff: Efficiency) -> float:
     peaks = layout.gpu.peak_flops
@@ -222,17 +230,24 @@ def micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H20
     return dict(memoized(_MICRO_CACHE, cfg, layout, lambda: _compute_micro_batch_parts(cfg, layout, eff), device, eff))
 
 
-def exposed_tail(layout: RunLayout, collectives: Sequence[Collective], eff: Efficiency) -> float:
-    """Seconds of FSDP/HSDP calls nothing can hide (module docstring)."""
+def exposed_tail(layout: RunLayout, collectives: Sequence[Collective], eff: Efficiency,
+                 block_seconds: float = 0.0) -> float:
+    """Seconds of FSDP/HSDP calls nothing can hide (module docstring); ``block_seconds``: one block's share of
+    a micro-batch's compute, forward and backward."""
     first_block = "layers.0"
-    ends = [c for c in collectives if c.overlapped and c.unit in (EMBEDDINGS, first_block)]
+    ends = [c for c in collectives if c.overlapped and c.unit in (EMBEDDINGS, first_block, HEAD)]
 
     def seconds(unit: str, op: str) -> float:
         return sum(call_seconds(c, layout, eff.network) for c in ends if c.unit == unit and c.op == op)
 
     gathers = layout.accumulation if layout.reshard == "per_micro_batch" else 1
+    reductions = layout.accumulation if layout.grad_reduce == "per_micro_batch" else 1
     start = gathers * (seconds(EMBEDDINGS, "all_gather") + seconds(first_block, "all_gather"))
-    return start + seconds(EMBEDDINGS, "reduce_scatter") + seconds(EMBEDDINGS, "all_reduce")
+    end = seconds(EMBEDDINGS, "reduce_scatter") + seconds(EMBEDDINGS, "all_reduce")
+    forward, backward = FORWARD_SHARE * block_seconds, (1 - FORWARD_SHARE) * block_seconds
+    head = (gathers * max(0.0, seconds(HEAD, "all_gather") - 2 * forward)
+            + reductions * max(0.0, seconds(HEAD, "reduce_scatter") + seconds(HEAD, "all_reduce") - backward))
+    return start + end + head
 
 
 def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> StepTime:
@@ -248,7 +263,8 @@ def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_C
     collectives = tuple(step_collectives(cfg, layout))
     kinds = seconds_by_kind(list(collectives), layout, eff.network)
     waited = kinds["tensor parallel"] + kinds["scalars"]
-    tail = exposed_tail(layout, collectives, eff) if kinds["overlapped"] else 0.0
+    block = sum(micro.values()) * (1 + idle_share) / len(cfg.pattern)
+    tail = exposed_tail(layout, collectives, eff, block) if kinds["overlapped"] else 0.0
     hidden_behind = compute + waited
     exposed_dp = tail + max(0.0, kinds["overlapped"] - tail - hidden_behind)
     parts["tensor-parallel communication"] = kinds["tensor parallel"]
