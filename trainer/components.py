@@ -17,10 +17,10 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from trainer.distributed import all_reduce_mean
 from trainer.metrics import MetricsLogger, Throughput, mfu
+from trainer.tensor_parallel import cross_entropy
 
 
 class CheckpointedState:
@@ -96,19 +96,14 @@ class Evaluator:
 @torch.no_grad()
 def evaluate(model, batches, autocast, device: torch.device, tp_mesh=None) -> float:
     """Mean loss over a fixed list of validation micro-batches, averaged over ranks (under tensor
-    parallelism each rank scores its 1/tp of the sequence, trainer.tensor_parallel.local_tokens)."""
+    parallelism from each rank's vocabulary columns, trainer.tensor_parallel.cross_entropy)."""
     was_training = model.training
     model.eval()
     total = torch.zeros((), device=device)
     for batch in batches:
         with autocast:
             logits = model(batch["inputs"].to(device))
-        labels = batch["labels"].to(device)
-        if tp_mesh is not None:
-            from trainer.tensor_parallel import local_tokens
-
-            labels = local_tokens(labels, tp_mesh)
-        total += F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        total += cross_entropy(logits, batch["labels"].to(device), tp_mesh)
     model.train(was_training)
     return all_reduce_mean(total / max(len(batches), 1)).item()
 

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from trainer.callbacks import (
     Callback,
@@ -65,6 +64,7 @@ from trainer.quant_report import QuantDiagnostics
 from trainer.run_info import write_run_description
 from trainer.run_lock import DEFAULT_RUN_DIR, hold_run_directory
 from trainer.startup import Settled, start_run
+from trainer.tensor_parallel import cross_entropy
 from trainer.validate import ConfigError
 
 __all__ = ["Callback", "StepContext", "TrainState", "build_model_on", "evaluate", "train", "train_step"]
@@ -360,21 +360,16 @@ def forward_backward(model, batch, autocast, device: torch.device, accumulation:
     """One micro-batch: forward, the fp32 loss divided by ``accumulation``, backward; the loss, detached.
 
     batch: "inputs" and "labels", [B, T] token ids. No host sync (the benchmark times this alone).
-    Under tensor parallelism (``tp_mesh``) the model returns the logits of this rank's 1/tp of the
-    sequence: the loss is that share's mean (the mean over all ranks is the batch's), and backward
-    runs on it divided by tp, so that the tp ranks' gradients sum to the whole batch's.
+    Under tensor parallelism (``tp_mesh``) the model returns this rank's vocabulary columns of the
+    logits and the loss is reduced over the tp group: every tp rank backpropagates the same loss of
+    the whole micro-batch (trainer.tensor_parallel.cross_entropy).
     """
     inputs = batch["inputs"].to(device, non_blocking=True)
     labels = batch["labels"].to(device, non_blocking=True)
     with autocast:
         logits = model(inputs)
-    if tp_mesh is not None:
-        from trainer.tensor_parallel import local_tokens
-
-        labels = local_tokens(labels, tp_mesh)
-    # [B, T, V] -> [B*T, V]; the loss in fp32 whatever the compute dtype
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) / accumulation
-    (loss if tp_mesh is None else loss / tp_mesh.size()).backward()
+    loss = cross_entropy(logits, labels, tp_mesh) / accumulation  # in fp32 whatever the compute dtype
+    loss.backward()
     return loss.detach()
 
 

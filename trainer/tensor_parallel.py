@@ -2,7 +2,8 @@
 
     apply_tensor_parallel(model, tp_mesh) -> dict   after the precision pass, before activation
                                                     checkpointing, compile and FSDP2
-    local_tokens(tensor, tp_mesh) -> tensor          this rank's tokens of a [B, T, ...] tensor (the labels)
+    cross_entropy(logits, labels, tp_mesh) -> loss   the mean loss of the batch's tokens, from each rank's
+                                                    vocabulary columns of the logits
     reduce_tp_replicated_grads(model) -> int         after the step's last backward (after FSDP2's
                                                     reduce-scatter), before clipping
 
@@ -17,9 +18,9 @@ data-parallel mesh: 2-D DTensors):
     Mamba conv1d weight, bias; dt_bias, A_log, D;    Shard(0)    the same groups' channels / heads
       gated norm weight
     o_proj, down_proj, out_proj       [h, in]        Shard(1)    the input columns of its heads / groups
-    embeddings                        [V, h]         Shard(0)    vocabulary rows [r V/tp, ...) (Megatron's
-                                                                 vocab-parallel embedding)
-    block norms, norm_f, lm_head                     Replicate   everything
+    embeddings, lm_head               [V, h]         Shard(0)    vocabulary rows [r V/tp, ...) (Megatron's
+                                                                 vocab-parallel embedding and logits)
+    block norms, norm_f                              Replicate   everything
 
 The forward computes with local tensors (``.to_local()``, differentiable) and these collectives, all
 over the tp group and autograd-aware (torch's functional collectives), per block and micro-batch
@@ -28,25 +29,33 @@ over the tp group and autograd-aware (torch's functional collectives), per block
     embedding      each rank looks up the ids its rows hold (zeros for the rest), then a reduce-scatter
                    along the sequence sums the ranks' rows [B, T, h] -> [B, T/tp, h] (backward: all-gather)
     mixer input    all-gather along the sequence  [B, T/tp, h] -> [B, T, h]   (backward: reduce-scatter)
+                   (and the LM head's input, the final norm's output: the head is column-parallel over the
+                   vocabulary, logits [B, T, V/tp])
     mixer output   reduce-scatter along the sequence, summing the row-parallel partial outputs
                    [B, T, h] -> [B, T/tp, h]                                  (backward: all-gather)
     quantized      an all-reduce (MAX) of one fp32 amax per sharded operand with a per-tensor scale
     linears        (NVFP4, FP8 per tensor; ``models.quant.quantized_linear.TP_AMAX_OPERANDS``)
 
 (forward hooks on each mixer: ``gather_sequence`` / ``reduce_scatter_sequence``). Everything else runs
-on the rank's contiguous T/tp tokens with no communication: norms, residual adds, the final norm, the LM
-head (logits [B, T/tp, V]) and the loss (the model takes the full input_ids [B, T]). The embedding is
+on the rank's contiguous T/tp tokens with no communication: norms, residual adds and the final norm (the
+model takes the full input_ids [B, T] and returns each rank's vocabulary columns of every token's logits,
+[B, T, V/tp]). ``cross_entropy`` then reduces the softmax's max, its sum and the target's logit over the
+tp group (three all-reduces of [B, T] FP32; Megatron's vocab-parallel cross-entropy), so every tp rank
+holds the same loss of all B x T tokens, and its backward is each rank's softmax columns minus the
+one-hot target. The embedding is
 split by rows rather than replicated because it is the one parameter FSDP2 gathers before the first
 forward and reduces after the last backward with nothing to hide behind (trainer.distributed.apply_fsdp):
 split over tp, that traffic is 1/tp; the price is one reduce-scatter and one all-gather of [B, T, h] per
-micro-batch, each one of a block's. Each id lands on exactly one rank, so the sum is the looked-up row
-itself (the others add exact zeros): bit-identical to the unsharded lookup. The loop backpropagates (its shard's mean loss) / tp; the gradients of sharded parameters are
-then complete on each rank, those of replicated ones partial: ``reduce_tp_replicated_grads`` sums
-them over the tp group (one all-reduce per dtype, on the local tensors, whatever FSDP2's sharding).
+micro-batch, each one of a block's. The LM head likewise: FSDP2 gathers it as the forward reaches the
+last blocks and reduces it first in backward, hidden behind a block or two only, so a replicated head
+of the 12B (1.34 GB) would wait on InfiniBand twice a step; split, it moves 1/tp. Each id lands on exactly one rank, so the sum is the looked-up row
+itself (the others add exact zeros): bit-identical to the unsharded lookup. The loop backpropagates the batch's mean loss (the same on every tp rank); the gradients of sharded
+parameters are then complete on each rank, those of replicated ones (the norms, on the rank's tokens)
+partial: ``reduce_tp_replicated_grads`` sums them over the tp group (one all-reduce per dtype, on the
+local tensors, whatever FSDP2's sharding).
 
 Quantized linears (``QuantizedLinear.set_tensor_parallel``): column-parallel layers reduce the amax of
-W and of the output's gradient, row-parallel ones of W and of the input, a quantized LM head (replicated,
-on the rank's tokens) of every activation operand. Each rank's share must hold whole quantization blocks
+W and of the output's gradient (the LM head among them), row-parallel ones of W and of the input. Each rank's share must hold whole quantization blocks
 (checked here: ValueError naming the layer and dim); a sharded layer then quantizes exactly as the
 unsharded one with round-to-nearest. Those operands take the torch quantizer on CUDA too (the Triton
 kernels take their own amax pass; models.quant.linear). Stochastic rounding mixes the tp rank into the
@@ -144,12 +153,6 @@ def _sequence_slice(tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     return tensor.narrow(1, rank * share, share)
 
 
-def local_tokens(tensor: torch.Tensor, tp_mesh) -> torch.Tensor:
-    """This rank's contiguous 1/tp of dim 1 of a [B, T, ...] tensor (a view): the tokens whose logits
-    the model returns under tensor parallelism (slice the labels with it)."""
-    return _sequence_slice(tensor, tp_mesh.get_local_rank(), tp_mesh.size())
-
-
 def _gather_hook(group, module, args):
     return (gather_sequence(args[0], group), *args[1:])
 
@@ -184,6 +187,47 @@ class LocalLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, local_tensor(self.weight), None if self.bias is None else local_tensor(self.bias))
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy [N] from this rank's vocabulary columns [N, V/tp] (FP32) of the logits."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, first, group):
+        columns = logits.shape[-1]
+        top = logits.max(dim=-1).values
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        exp = (logits - top.unsqueeze(-1)).exp()
+        total = exp.sum(dim=-1)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        local = labels - first
+        elsewhere = (local < 0) | (local >= columns)  # the target is another rank's column
+        local = local.masked_fill(elsewhere, 0)
+        target = (logits.gather(-1, local.unsqueeze(-1)).squeeze(-1) - top).masked_fill(elsewhere, 0.0)
+        dist.all_reduce(target, op=dist.ReduceOp.SUM, group=group)
+        softmax = exp.div_(total.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local, elsewhere)
+        return total.log() - target
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, local, elsewhere = ctx.saved_tensors
+        grad_logits = softmax.clone()
+        grad_logits.scatter_add_(-1, local.unsqueeze(-1), -(~elsewhere).to(softmax.dtype).unsqueeze(-1))
+        return grad_logits.mul_(grad.unsqueeze(-1)), None, None, None
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, tp_mesh=None) -> torch.Tensor:
+    """The mean FP32 cross-entropy of every token: ``F.cross_entropy`` of logits [B, T, V] and labels [B, T];
+    under tensor parallelism (``tp_mesh`` of more than one rank) the logits are this rank's vocabulary
+    columns [B, T, V/tp] (the LM head's rows [r V/tp, ...)), reduced over the tp group (module docstring).
+    Labels must lie in [0, V)."""
+    if tp_mesh is None or tp_mesh.size() == 1:
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    columns = logits.shape[-1]
+    per_token = _VocabParallelCrossEntropy.apply(logits.flatten(0, 1).float(), labels.flatten(),
+                                                 tp_mesh.get_local_rank() * columns, tp_mesh.get_group())
+    return per_token.mean()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,9 +322,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
     """Shard ``model`` (a HybridLM, after ``apply_precision``) over the 1-D ``tp_mesh`` in place, as the
     module docstring says; returns what it did (counts). tp = 1: nothing is changed.
 
-    Afterwards ``model(input_ids [B, T])`` returns this rank's logits [B, T/tp, V] (``local_tokens``
-    slices the labels alike) and ``reduce_tp_replicated_grads(model)`` must follow each step's backward.
-    Everything is checked before anything changes (ValueError naming the layer or dim).
+    Afterwards ``model(input_ids [B, T])`` returns this rank's vocabulary columns of the logits [B, T, V/tp]
+    (``cross_entropy`` takes them with the labels [B, T]) and ``reduce_tp_replicated_grads(model)`` must
+    follow each step's backward. Everything is checked before anything changes (ValueError naming the
+    layer or dim).
     """
     from trainer.validate import tensor_parallel_problem
 
@@ -288,7 +333,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         raise ValueError(f"apply_tensor_parallel takes the 1-D tensor-parallel mesh (mesh['tp']), got {tp_mesh}")
     tp = tp_mesh.size()
     counts = {"tp": tp, "column_parallel_linears": 0, "row_parallel_linears": 0, "sharded_vectors": 0,
-              "vocab_parallel_embeddings": 0,
+              "vocab_parallel_embeddings": 0, "vocab_parallel_lm_heads": 0,
               "replicated_parameters": 0, "quantized_sharded_linears": 0, "sequence_parallel_mixers": 0,
               "collectives_per_micro_batch": {
                   "forward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0},
@@ -303,7 +348,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
 
     # The plan: linears by role, then every other parameter with its placement (fully qualified names).
     linears = [(block.mixer, child, f"layers.{index}.mixer.{child}", role) for index, block in enumerate(model.layers)
-               for child, role in LINEAR_ROLES[block.symbol].items()] + [(model, "lm_head", "lm_head", "sequence")]
+               for child, role in LINEAR_ROLES[block.symbol].items()] + [(model, "lm_head", "lm_head", "column")]
     others = []  # (owner module, parameter name, fully qualified name, placement)
     for index, block in enumerate(model.layers):
         for path in SHARDED_VECTORS.get(block.symbol, ()):
@@ -336,13 +381,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         if isinstance(layer, QuantizedLinear) and layer.spec.quantized:
             counts["quantized_sharded_linears"] += 1
         _prepare_linear(parent, child, role, tp_mesh, counts)
-        if role != "sequence":
-            counts[f"{role}_parallel_linears"] += 1
+        counts["vocab_parallel_lm_heads" if name == "lm_head" else f"{role}_parallel_linears"] += 1
     for owner, param_name, name, placement in others:
         _distribute(owner, param_name, placement, tp_mesh)
         kind = "sharded_vectors" if isinstance(placement, Shard) else "replicated_parameters"
         counts["vocab_parallel_embeddings" if name == "embeddings.weight" else kind] += 1
-    counts["replicated_parameters"] += sum(1 for _ in model.lm_head.parameters())
     for block in model.layers:  # the sequence-parallel boundary around each mixer
         block.mixer.register_forward_pre_hook(functools.partial(_gather_hook, group))
         block.mixer.register_forward_hook(functools.partial(_reduce_scatter_hook, group))
@@ -350,20 +393,22 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         for phase in ("forward", "backward"):
             counts["collectives_per_micro_batch"][phase]["all_gather"] += 1
             counts["collectives_per_micro_batch"][phase]["reduce_scatter"] += 1
+    model.lm_head.register_forward_pre_hook(functools.partial(_gather_hook, group))  # every token, V/tp columns
+    counts["collectives_per_micro_batch"]["forward"]["all_gather"] += 1
+    counts["collectives_per_micro_batch"]["backward"]["reduce_scatter"] += 1
     model.embeddings.__class__ = VocabParallelEmbedding  # looks up its rows, then the sequence reduce-scatter
     model.embeddings.tp_rank, model.embeddings.tp_group = rank, group
     counts["collectives_per_micro_batch"]["forward"]["reduce_scatter"] += 1
     counts["collectives_per_micro_batch"]["backward"]["all_gather"] += 1
 
     replicated = [name for _, _, name, placement in others if isinstance(placement, Replicate)]
-    replicated += [f"lm_head.{name}" for name, _ in model.lm_head.named_parameters()]
     model.tensor_parallel = TensorParallelState(tp_mesh, replicated)
     model.mark_no_weight_decay()  # the Parameters were replaced
     return counts
 
 
 def reduce_tp_replicated_grads(model: nn.Module) -> int:
-    """Sum the gradients of the TP-replicated parameters (norms, LM head) over the tp group.
+    """Sum the gradients of the TP-replicated parameters (the block norms, the final norm) over the tp group.
 
     Each tp rank backpropagates its own tokens' loss, so these gradients are partial sums; after this
     every tp rank holds the full gradient. Call once per optimizer step, after the last micro-batch's

@@ -97,7 +97,8 @@ def test_tensor_parallel_collectives_by_hand():
     """tp 2 x FSDP 2 on the tiny model (6 blocks, h 64), 2 micro-batches of 32 tokens, BF16 on a GPU, the Mamba
     blocks recomputed: per micro-batch one gather and one scatter of [32, 64] BF16 per block and pass, the 3
     recomputing blocks gather again, the vocabulary-parallel embedding one scatter forward and one gather
-    backward; the replicated gradients (norms, LM head) once, flat."""
+    backward, the LM head one gather forward and one scatter backward, the loss three all-reduces of [32]
+    FP32; the replicated gradients (norms) once, flat."""
     cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=4", "parallel.tp=2",
                           "parallel.activation_checkpoint=M"])
     layout = resolve_layout(cfg, GPUS["H200"], 4)
@@ -109,7 +110,11 @@ def test_tensor_parallel_collectives_by_hand():
     m = cfg.model
     assert got[("reduce_scatter", "tp", "vocabulary-parallel embedding rows (forward)")] == (2, activation, 2)
     assert got[("all_gather", "tp", "vocabulary-parallel embedding gradient (backward)")] == (2, activation, 2)
-    replicated = 6 * m.hidden_size + m.vocab_size * m.hidden_size + m.hidden_size  # block norms, LM head, norm_f
+    assert got[("all_gather", "tp", "vocabulary-parallel LM head input (forward)")] == (2, activation, 2)
+    assert got[("reduce_scatter", "tp", "vocabulary-parallel LM head input gradient (backward)")] == (2, activation, 2)
+    assert got[("all_reduce", "tp", "vocabulary-parallel loss (max, sum of exponentials, target logit)")] == (
+        2, 4 * 32, 3 * 2)
+    replicated = 6 * m.hidden_size + m.hidden_size  # block norms, norm_f
     assert got[("all_reduce", "tp", "gradients of the TP-replicated parameters (flat, FSDP-sharded)")] == (
         2, 4 * replicated // 2, 1)
     # A TP rank gathers its FSDP shard of the TP-local parameters: the MLP block's up/down halves, its whole norm.

@@ -126,15 +126,6 @@ class _Mesh:
         return self.n
 
 
-def test_local_tokens_is_the_ranks_contiguous_share_of_the_sequence():
-    from trainer.tensor_parallel import local_tokens
-
-    labels = torch.arange(2 * 8).reshape(2, 8)
-    assert local_tokens(labels, _Mesh(1, 4)).tolist() == [[2, 3], [10, 11]]
-    with pytest.raises(ValueError, match="sequence length 8 is not divisible by tp=3"):
-        local_tokens(labels, _Mesh(0, 3))
-
-
 def test_the_vocab_parallel_embedding_refuses_a_sequence_tp_does_not_divide():
     from trainer.tensor_parallel import VocabParallelEmbedding
 
@@ -173,7 +164,7 @@ def test_stochastic_rounding_seed_mixes_in_the_tp_rank():
 def _model_worker(rank: int, world: int, recipe: str, negative_control: bool) -> None:
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from trainer.tensor_parallel import apply_tensor_parallel, local_tokens, reduce_tp_replicated_grads
+    from trainer.tensor_parallel import apply_tensor_parallel, cross_entropy, reduce_tp_replicated_grads
 
     mesh = tp_mesh(world, world)
     precision = None if recipe == "bf16" else precision_config(
@@ -187,8 +178,8 @@ def _model_worker(rank: int, world: int, recipe: str, negative_control: bool) ->
     reference, model = build(cfg, precision), build(cfg, precision)
     info = apply_tensor_parallel(model, mesh)
     assert info["column_parallel_linears"] == 8 and info["row_parallel_linears"] == 6
-    assert info["sharded_vectors"] == 3 * 6 and info["replicated_parameters"] == 6 + 2  # block norms, norm_f, lm_head
-    assert info["vocab_parallel_embeddings"] == 1
+    assert info["sharded_vectors"] == 3 * 6 and info["replicated_parameters"] == 6 + 1  # block norms, norm_f
+    assert info["vocab_parallel_embeddings"] == info["vocab_parallel_lm_heads"] == 1
     assert info["quantized_sharded_linears"] == (0 if precision is None else 14)
     if negative_control:
         for module in model.modules():
@@ -203,31 +194,33 @@ def _model_worker(rank: int, world: int, recipe: str, negative_control: bool) ->
 
     with CommDebugMode() as forward_comms:
         logits = model(ids)
-    loss = F.cross_entropy(logits.flatten(0, 1), local_tokens(labels, mesh).flatten()) / world
+    loss = cross_entropy(logits, labels, mesh)  # the batch's, the same on both ranks
     with CommDebugMode() as backward_comms:
         loss.backward()
     assert reduce_tp_replicated_grads(model) == info["replicated_parameters"]
 
     expected = info["collectives_per_micro_batch"]
-    # Per mixer a gather and a scatter each way; the embedding's scatter forward, its gather backward.
-    for counted, phase, gathers, scatters in ((forward_comms, "forward", 6, 7), (backward_comms, "backward", 7, 6)):
+    # Per mixer a gather and a scatter each way; the embedding's scatter forward, its gather backward; the LM
+    # head's gather forward, its scatter backward.
+    for counted, phase, gathers, scatters in ((forward_comms, "forward", 7, 7), (backward_comms, "backward", 7, 7)):
         counts = {str(op).split(".")[-1]: n for op, n in counted.get_comm_counts().items()}
         assert counts.get("all_gather_into_tensor", 0) == expected[phase]["all_gather"] == gathers
         assert counts.get("reduce_scatter_tensor", 0) == expected[phase]["reduce_scatter"] == scatters
         assert counts.get("all_reduce", 0) == (0 if negative_control else expected[phase]["amax_all_reduce"])
 
-    ours, theirs = logits.detach(), local_tokens(reference_logits.detach(), mesh)
-    assert ours.shape == (2, 64 // world, cfg.vocab_size)
+    columns = cfg.vocab_size // world
+    ours, theirs = logits.detach(), reference_logits.detach()[..., rank * columns:(rank + 1) * columns]
+    assert ours.shape == (2, 64, columns)
     errors = {}
     for (name, param), reference_param in zip(model.named_parameters(), reference.parameters()):
         errors[name] = relative_error(param.grad.full_tensor(), reference_param.grad)
+    reference_loss = F.cross_entropy(reference_logits.flatten(0, 1), labels.flatten())
     if precision is None:
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5 * theirs.abs().max().item())
+        assert loss.item() == pytest.approx(reference_loss.item(), rel=1e-6)
         assert max(errors.values()) < 1e-5, errors
         return
-    total = loss.detach().clone()
-    dist.all_reduce(total)
-    reference_loss = F.cross_entropy(reference_logits.flatten(0, 1), labels.flatten())
+    total = loss.detach()
     moved = (ours - theirs).abs() > 1e-5
     moved_share = torch.tensor([moved.float().mean().item()])
     dist.all_reduce(moved_share)
@@ -263,6 +256,30 @@ def _collectives_worker(rank: int, world: int) -> None:
 @pytest.mark.distributed
 def test_sequence_collectives_and_their_gradients():
     run_ranks(_collectives_worker, 2)
+
+
+def _cross_entropy_worker(rank: int, world: int) -> None:
+    from trainer.tensor_parallel import cross_entropy
+
+    mesh = tp_mesh(world, world)
+    generator = torch.Generator().manual_seed(3)
+    logits = (4 * torch.randn(2, 16, 40, generator=generator)).requires_grad_(True)  # every rank the same
+    labels = torch.randint(0, 40, (2, 16), generator=generator)
+    expected = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    expected.backward()
+    columns = 40 // world
+    mine = logits.detach()[..., rank * columns:(rank + 1) * columns].clone().requires_grad_(True)
+    loss = cross_entropy(mine, labels, mesh)
+    loss.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    torch.testing.assert_close(mine.grad, logits.grad[..., rank * columns:(rank + 1) * columns], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.distributed
+def test_the_vocab_parallel_loss_is_the_loss_of_the_whole_logits():
+    """Each rank holds 20 of 40 vocabulary columns: the loss is F.cross_entropy's of the whole logits, and each
+    rank's gradient is its columns of the whole gradient."""
+    run_ranks(_cross_entropy_worker, 2)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ data-parallel submesh of the same mesh), and distributed checkpoints resharded b
 Four gloo processes, mesh (dp_shard=2, tp=2), the tiny hybrid in fp32 (BF16 recipe): three AdamW steps
 with gradient clipping, each on the same global batch of 4 sequences as one process takes it whole
 (dp rank d gets sequences 2d, 2d+1; its two tp ranks the same two, each computing half of their
-tokens). The minimal training step is written here, as trainer/loop.py will run it: loss = (shard's
-mean) / tp, backward, ``reduce_tp_replicated_grads``, clip, step. Then a DCP save of model and optimizer
+tokens' mixers and half of their vocabulary). The minimal training step is written here, as
+trainer/loop.py runs it: the loss over the tp group (``cross_entropy``), backward,
+``reduce_tp_replicated_grads``, clip, step. Then a DCP save of model and optimizer
 (2-D DTensors) is loaded into a plain one-process model and AdamW: identical parameters and states; and a
 full state dict loads into the sharded model (rank 0's, broadcast: checkpoint.init_from_hf's way) and
 gathers back whole (the HF export's way).
@@ -44,7 +45,7 @@ def _train_worker(rank: int, world: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from trainer.config import ParallelConfig
     from trainer.distributed import DistEnv, apply_fsdp
-    from trainer.tensor_parallel import apply_tensor_parallel, local_tokens, reduce_tp_replicated_grads
+    from trainer.tensor_parallel import apply_tensor_parallel, cross_entropy, reduce_tp_replicated_grads
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "tp"))
     tp_mesh, dp_mesh = mesh["tp"], mesh["dp_shard"]
@@ -59,15 +60,15 @@ def _train_worker(rank: int, world: int, out_dir: str) -> None:
     for ids, labels in _batches():
         mine = slice(2 * dp_rank, 2 * dp_rank + 2)
         logits = model(ids[mine])
-        loss = F.cross_entropy(logits.flatten(0, 1), local_tokens(labels[mine], tp_mesh).flatten()) / tp
+        loss = cross_entropy(logits, labels[mine], tp_mesh)  # the dp rank's two sequences, on both tp ranks
         loss.backward()
         reduce_tp_replicated_grads(model)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP, foreach=False)
         optimizer.step()
         optimizer.zero_grad()
         total = loss.detach().clone()
-        dist.all_reduce(total)  # sum over ranks of (shard mean / tp) = dp x the global mean
-        losses.append(total.item() / dp_mesh.size())
+        dist.all_reduce(total)  # sum over ranks of the dp rank's mean = tp x dp x the global mean
+        losses.append(total.item() / (dp_mesh.size() * tp))
         norms.append(norm.full_tensor().item())
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optimizer_state}, checkpoint_id=str(Path(out_dir) / "checkpoint"))

@@ -34,13 +34,17 @@ h hidden), per block and micro-batch, not overlapped with compute:
     reduce_scatter over tp  c t h    once a micro-batch, the vocabulary-parallel embedding's rows summed
                                      into the rank's tokens (forward); all_gather over tp, c t h: its
                                      gradient (backward)
+    all_gather over tp      c t h    once a micro-batch, the LM head's input (forward; column-parallel
+                                     over the vocabulary); reduce_scatter over tp, c t h: its gradient
+    all_reduce over tp      4 t      three a micro-batch, the vocabulary-parallel loss: the logits' max,
+                                     the sum of their exponentials, the target's logit (FP32 per token)
     all_reduce over tp      4 bytes  each per-tensor amax of a quantized TP linear whose format has a tensor
                                      scale (NVFP4, per-tensor FP8): column-parallel W (Fprop), dY (Dgrad),
                                      dY^T (Wgrad); row-parallel W and X (Fprop), X^T (Wgrad); a recomputing
-                                     block repeats its Fprop ones. A quantized LM head (replicated, on t/T
-                                     tokens): X and dY (Fprop, Dgrad) and dY^T, X^T (Wgrad)
+                                     block repeats its Fprop ones; a quantized LM head, column-parallel over
+                                     the vocabulary, as a column-parallel linear
     all_reduce over tp      4 x n    once a step, the gradients of every parameter replicated over TP
-                                     (block norms, final norm, LM head) in one flat FP32
+                                     (block norms, final norm) in one flat FP32
                                      buffer of their FSDP-sharded local tensors (n = sum of padded / S;
                                      trainer.tensor_parallel.reduce_tp_replicated_grads)
 
@@ -182,8 +186,7 @@ def amaxes_per_micro_batch(model: ModelConfig, layout: RunLayout) -> int:
         for module, _, _, _ in block_linears(model, symbol):
             amaxes += _linear_amaxes(layout, f"layers.{index}.mixer.{module}", module in COLUMN_PARALLEL,
                                      symbol in layout.checkpointed)
-    head = {kind: _has_tensor_scale(fmt) for kind, fmt in layout.gemm_formats.get("lm_head", {}).items()}
-    return amaxes + head.get("fprop", 0) + head.get("dgrad", 0) + 2 * head.get("wgrad", 0)  # X; dY; dY^T, X^T
+    return amaxes + _linear_amaxes(layout, "lm_head", True, False)  # column-parallel over the vocabulary
 
 
 def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
@@ -201,7 +204,12 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
                       "sequence-parallel mixer input"),
            Collective(REDUCE_SCATTER, TP, T, activation, A * 2 * blocks, compute, "sequence-parallel mixer output"),
            Collective(REDUCE_SCATTER, TP, T, activation, A, compute, "vocabulary-parallel embedding rows (forward)"),
-           Collective(ALL_GATHER, TP, T, activation, A, compute, "vocabulary-parallel embedding gradient (backward)")]
+           Collective(ALL_GATHER, TP, T, activation, A, compute, "vocabulary-parallel embedding gradient (backward)"),
+           Collective(ALL_GATHER, TP, T, activation, A, compute, "vocabulary-parallel LM head input (forward)"),
+           Collective(REDUCE_SCATTER, TP, T, activation, A, compute, "vocabulary-parallel LM head input gradient "
+                      "(backward)"),
+           Collective(ALL_REDUCE, TP, T, 4 * layout.tokens_per_micro_batch, 3 * A, "float32",
+                      "vocabulary-parallel loss (max, sum of exponentials, target logit)")]
     amaxes = memoized(_AMAX_CACHE, model, layout, lambda: amaxes_per_micro_batch(model, layout), micro_batch=False)
     if amaxes:
         out.append(Collective(ALL_REDUCE, TP, T, 4, A * amaxes, "float32",

@@ -38,7 +38,8 @@ mixers 1/T of their width, a column-parallel linear the whole all-gathered input
     Mamba-2               + (c ((2d + 2GN + H) + 2 (d + 2GN) + d) + 4 (2H + G)) / T (in_proj's output, the
                           conv's input and output, the SSD's output; dt, cumulative dA, the gated norm's rstd)
     a recomputing block   only (r h + 4) / T (its input); its full set again while its backward runs
-    LM head and loss      (r h + 4 + the LM head's saved input) / T, then at the loss's backward: the logits
+    LM head and loss      (r h + 4) / T + the LM head's saved input (whole: column-parallel over the
+                          vocabulary, its input all-gathered), then at the loss's backward: the logits
                           (c V), log-softmax's FP32 output (4 V) and its two FP32 gradients (8 V), / T; the
                           logits' FP32 copy that log-softmax reads is not saved (with FP32 compute it is
                           the logits themselves)
@@ -47,8 +48,7 @@ The peak is the larger of two moments: the loss's backward (all activations, the
 largest, gradients only from earlier micro-batches) and a block's backward (the activations, one
 recomputing block's full set, all gradients: an upper bound, since backward frees activations as
 it creates gradients). Communication buffers: the reduce-scatter's unsharded gradient of the largest
-FSDP unit (a block, or the head: the LM head is replicated over tp, so at tp > 1 it is the largest) in
-the reduce dtype. Not counted: the CUDA context and allocator fragmentation (the preflight
+FSDP unit (a block, or the head: the LM head's rows / tp) in the reduce dtype. Not counted: the CUDA context and allocator fragmentation (the preflight
 keeps a margin for them), torch.compile's and cuBLAS's workspaces, the data loader, FSDP2's padding,
 the TP all-gather's output buffer beyond what the linears save.
 """
@@ -140,9 +140,10 @@ def block_activation_bytes(cfg: ModelConfig, layout: RunLayout, index: int, tp: 
 
 
 def head_activation_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
-    """Per-token bytes the final norm and LM head save, on t/T tokens."""
+    """Per-token bytes the final norm (on t/T tokens) and the LM head (its whole gathered input under tp, as
+    a column-parallel linear's) save."""
     h = cfg.hidden_size
-    return (layout.residual_bytes * h + 4 + h * linear_saved_input_bytes(layout, "lm_head")) / layout.tp
+    return (layout.residual_bytes * h + 4) / layout.tp + h * linear_saved_input_bytes(layout, "lm_head")
 
 
 def logits_bytes(cfg: ModelConfig, layout: RunLayout) -> float:

@@ -16,8 +16,8 @@ dimension split in T, None for a parameter replicated on every TP rank):
               o_proj [h, Hq a]                    dim 1 (row-parallel)
     MLP       up_proj [F, h]                      dim 0 (column-parallel)
               down_proj [h, F]                    dim 1 (row-parallel)
-    outside   embeddings.weight [V, h]                     dim 0 (vocabulary-parallel)
-              norm_f.weight [h], lm_head.weight [V, h]     replicated
+    outside   embeddings.weight [V, h], lm_head.weight [V, h]   dim 0 (vocabulary-parallel)
+              norm_f.weight [h]                               replicated
 
 FSDP2 units (trainer.distributed.apply_fsdp), in the order they run forward: the embedding
 (``embeddings``), one per block (``layers.i``), the head (``head``: norm_f and lm_head); the root module
@@ -118,7 +118,7 @@ def embedding_params(cfg: ModelConfig) -> Tuple[Param, ...]:
 
 def head_params(cfg: ModelConfig) -> Tuple[Param, ...]:
     V, h = cfg.vocab_size, cfg.hidden_size
-    return (Param("norm_f.weight", (h,), None), Param("lm_head.weight", (V, h), None))
+    return (Param("norm_f.weight", (h,), None), Param("lm_head.weight", (V, h), 0))
 
 
 _UNITS: Dict[str, Tuple[Unit, ...]] = {}

@@ -42,7 +42,7 @@ collectives list (trainer.planning.collectives.step_collectives, its seconds per
 
 With tensor parallelism over T ranks every term of the micro-batch is one rank's share
 (trainer.planning.tensor_parallel: the GEMMs at their local shapes; attention, the SSD, the elementwise
-work and the loss / T; the weight casts of the local shards and the whole LM head).
+work and the loss / T; the weight casts of the local shards, the LM head's among them).
 
 The shares were set on one H200 (docs/planning.md, "Calibration"): the 12B-shaped slice's kernel
 profile in BF16 and emulated NVFP4 (GEMMs, quantization, attention, SSD, elementwise, loss) and the
@@ -186,10 +186,10 @@ def _saved_by_symbol(cfg: ModelConfig, layout: RunLayout) -> Dict[str, float]:
 
 
 def _local_linear_weights(cfg: ModelConfig, layout: RunLayout) -> float:
-    """Linear weights one TP rank casts each micro-batch: its shard of every block linear, the whole LM head."""
+    """Linear weights one TP rank casts each micro-batch: its shard of every block linear and of the LM head."""
     gemms = local_training_gemms(cfg, layout.seq_len, layout.seq_len, 1)
     blocks = sum(g.N * g.K for g in gemms if g.kind == "fprop" and g.layer is not None)
-    return blocks / layout.tp + cfg.vocab_size * cfg.hidden_size
+    return (blocks + cfg.vocab_size * cfg.hidden_size) / layout.tp
 
 
 def _compute_micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> Dict[str, float]:

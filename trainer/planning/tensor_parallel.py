@@ -5,15 +5,16 @@ split of every parameter). Per block and micro-batch of t tokens, the mixer inpu
 along the sequence, the column-parallel linears (q/k/v, up_proj, Mamba in_proj) produce 1/T of their
 output features for all t tokens, the mixer's own work (attention heads, conv and SSD heads, gated norm)
 runs on 1/T of its width, and the row-parallel linears (o_proj, down_proj, out_proj) reduce 1/T of their
-input features, their partial outputs reduce-scattered back to t/T tokens. Norms, residual adds, the
-final norm, the LM head and the loss run on t/T tokens with the whole weight. So, per rank:
+input features, their partial outputs reduce-scattered back to t/T tokens. Norms, residual adds and the
+final norm run on t/T tokens; the LM head is column-parallel over the vocabulary (its input all-gathered,
+V/T logits of all t tokens) and the loss reduces over the ranks' columns. So, per rank:
 
     column-parallel   Fprop  M = t    N = out/T  K = in      Dgrad  M = t  N = in  K = out/T
                       Wgrad  M = out/T  N = in   K = t
     row-parallel      Fprop  M = t    N = out    K = in/T    Dgrad  M = t  N = in/T  K = out
                       Wgrad  M = out  N = in/T   K = t
     attention BMMs    batch / T (the local heads)
-    LM head           M = t/T in Fprop and Dgrad, K = t/T in Wgrad
+    LM head           as a column-parallel linear (out = V)
 
 Every GEMM's FLOPs are 1/T of the unsplit one's; the operands a rank reads are not all 1/T (the gathered
 input X [t, h] is whole on every rank), which the GEMM and quantization traffic see through the shapes.
@@ -42,9 +43,7 @@ def local_gemm(gemm: Gemm, tp: int) -> Gemm:
         return dataclasses.replace(gemm, batch=gemm.batch // tp)
     module = gemm.name.rsplit(".", 1)[-1]
     M, N, K = gemm.M, gemm.N, gemm.K
-    if module == "lm_head":  # replicated weight, t / T tokens
-        shape = {"fprop": (M // tp, N, K), "dgrad": (M // tp, N, K), "wgrad": (M, N, K // tp)}[gemm.kind]
-    elif module in COLUMN_PARALLEL:  # out / T
+    if module in COLUMN_PARALLEL or module == "lm_head":  # out / T (the LM head: V / T)
         shape = {"fprop": (M, N // tp, K), "dgrad": (M, N, K // tp), "wgrad": (M // tp, N, K)}[gemm.kind]
     elif module in ROW_PARALLEL:  # in / T
         shape = {"fprop": (M, N, K // tp), "dgrad": (M, N // tp, K), "wgrad": (M, N // tp, K)}[gemm.kind]
