@@ -91,7 +91,7 @@ LINEAR_ROLES = {
 SHARDED_VECTORS = {"M": ("conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm.weight")}
 """Pattern symbol -> the mixer's per-group / per-head parameters, Shard(0)."""
 
-_PLACEMENTS = {"column": Shard(0), "row": Shard(1), "sequence": Replicate()}
+_PLACEMENTS = {"column": Shard(0), "row": Shard(1)}
 
 _OPERANDS = {"fprop": ("Fprop X", "Fprop W"), "dgrad": ("Dgrad dY", "Dgrad W^T"), "wgrad": ("Wgrad dY^T", "Wgrad X^T")}
 
@@ -263,7 +263,7 @@ def _block_edge(spec) -> int:
 
 def _check_whole_blocks(name: str, layer: QuantizedLinear, role: str, tp: int) -> None:
     """ValueError naming the layer and dim unless each rank's share of the sharded dim holds whole blocks."""
-    if role == "sequence" or not layer.spec.quantized:
+    if not layer.spec.quantized:
         return
     dim, size = ("out_features", layer.out_features) if role == "column" else ("in_features", layer.in_features)
     edge = _block_edge(layer.spec)

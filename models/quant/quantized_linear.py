@@ -94,9 +94,6 @@ TP_AMAX_OPERANDS = {
     # W [N, K/tp] and the input's columns (X [T, K/tp], X^T [K/tp, T]) are the rank's; dY [T, N]
     # (the output's gradient, sequence-gathered) and so dY^T are the same on every rank.
     "row": frozenset({"Fprop X", "Fprop W", "Dgrad W^T", "Wgrad X^T"}),
-    # A replicated weight on the rank's share of the tokens (the LM head under sequence parallelism):
-    # every activation and gradient operand is a slice of the tokens, W is the same everywhere.
-    "sequence": frozenset({"Fprop X", "Dgrad dY", "Wgrad dY^T", "Wgrad X^T"}),
 }
 """Tensor-parallel role of a layer -> the operands (``models.quant.linear.OPERAND_NAMES``) whose
 per-tensor amax is reduced over the tensor-parallel group."""

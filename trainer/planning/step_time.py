@@ -32,7 +32,8 @@ collectives list (trainer.planning.collectives.step_collectives, its seconds per
                       reduces the previous one on their own streams) except what exceeds them, and the
                       calls nothing can hide: the embedding's and the first block's all-gathers before
                       a forward can start (each micro-batch with reshard=per_micro_batch, once with
-                      per_step), the embedding's reduce-scatter and all-reduce after the last backward;
+                      per_step), the embedding's reduce-scatter and all-reduce after the last backward
+                      (each micro-batch's with grad_reduce=per_micro_batch);
                       and what of the head's calls outlasts the blocks beside them: FSDP2 gathers a unit
                       only when the forward reaches the one before it, so the head's gather hides behind
                       the last two blocks' forward alone, and it keeps one reduction in flight, so the
@@ -243,7 +244,7 @@ def exposed_tail(layout: RunLayout, collectives: Sequence[Collective], eff: Effi
     gathers = layout.accumulation if layout.reshard == "per_micro_batch" else 1
     reductions = layout.accumulation if layout.grad_reduce == "per_micro_batch" else 1
     start = gathers * (seconds(EMBEDDINGS, "all_gather") + seconds(first_block, "all_gather"))
-    end = seconds(EMBEDDINGS, "reduce_scatter") + seconds(EMBEDDINGS, "all_reduce")
+    end = reductions * (seconds(EMBEDDINGS, "reduce_scatter") + seconds(EMBEDDINGS, "all_reduce"))
     forward, backward = FORWARD_SHARE * block_seconds, (1 - FORWARD_SHARE) * block_seconds
     head = (gathers * max(0.0, seconds(HEAD, "all_gather") - 2 * forward)
             + reductions * max(0.0, seconds(HEAD, "reduce_scatter") + seconds(HEAD, "all_reduce") - backward))
