@@ -36,3 +36,23 @@ def test_tp2_by_dp2_trains_as_one_process_and_resumes_at_tp1(tmp_path, data_cach
         assert continued[step] == pytest.approx(sharded[step], rel=1e-4), step
     changed = [e for e in read_jsonl(tmp_path / "resumed" / "events.jsonl") if e["event"] == "config_changed_on_resume"]
     assert changed and changed[0]["changes"]["world_size"] == [4, 1]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_tp2_with_compiled_blocks_trains_as_one_process(tmp_path, data_cache):
+    """parallel=auto compiles the blocks and picks tp > 1 past 256 GPUs: the compiled tensor-parallel blocks
+    (their sequence gathers and scatters inside the compiled region), the vocab-parallel LM head and loss train
+    and evaluate what one uncompiled process does on the same batches."""
+    args = tiny_overrides(data_cache, steps=3) + TP_MODEL + ["train.eval_every=3"]
+    compiled = run_cli(args + ["parallel.tp=2", "parallel.compile=true"], tmp_path / "tp", nproc=2, timeout=900)
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    single = run_cli(args, tmp_path / "single", nproc=1)
+    assert single.returncode == 0, single.stderr[-3000:]
+    expected, sharded = losses_by_step(tmp_path / "single"), losses_by_step(tmp_path / "tp")
+    assert sorted(sharded) == [1, 2, 3]
+    for step in sharded:
+        assert sharded[step] == pytest.approx(expected[step], rel=1e-5), step
+    validation = [[row["val_loss"] for row in read_jsonl(path / "metrics.jsonl") if "val_loss" in row]
+                  for path in (tmp_path / "single", tmp_path / "tp")]
+    assert validation[0] and validation[1] == pytest.approx(validation[0], rel=1e-5)
