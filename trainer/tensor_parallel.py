@@ -61,8 +61,8 @@ unsharded one with round-to-nearest. Those operands take the torch quantizer on 
 kernels take their own amax pass; models.quant.linear). Stochastic rounding mixes the tp rank into the
 seed (shards draw independently), so an SR run is not bit-identical to the unsharded one. Transformer
 Engine layers are refused. Call this on an initialized model (``init_weights`` permutes plain tensors,
-not DTensors). Tested on the CPU with gloo (tests/trainer/test_tensor_parallel*.py); torch.compile of
-tensor-parallel blocks has not been tried.
+not DTensors). Tested on the CPU with gloo (tests/trainer/test_tensor_parallel*.py), compiled blocks
+included (inductor on the CPU); not yet on several GPUs over NCCL.
 """
 
 from __future__ import annotations
