@@ -410,8 +410,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
 def reduce_tp_replicated_grads(model: nn.Module) -> int:
     """Sum the gradients of the TP-replicated parameters (the block norms, the final norm) over the tp group.
 
-    Each tp rank backpropagates its own tokens' loss, so these gradients are partial sums; after this
-    every tp rank holds the full gradient. Call once per optimizer step, after the last micro-batch's
+    Each tp rank computes these parameters on its own tokens (sequence parallelism), so their gradients
+    are partial sums over the tokens; after this every tp rank holds the full gradient. Call once per optimizer step, after the last micro-batch's
     backward (after FSDP2's reduce-scatter / HSDP all-reduce, which are linear, so the order does not
     matter) and before clipping. Works on the gradients' local tensors (whatever FSDP2's sharding: tp
     peers hold the same data-parallel shard). One all-reduce (SUM) per gradient dtype. Returns the

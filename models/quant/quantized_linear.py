@@ -206,8 +206,8 @@ class QuantizedLinear(nn.Linear):
         self.spec = dataclasses.replace(self.spec, **{gemm: None for gemm in gemms})
 
     def set_tensor_parallel(self, role: str, group, tp_rank: int) -> None:
-        """Shard this layer over a tensor-parallel group: ``role`` 'column' (W sharded along out_features),
-        'row' (along in_features) or 'sequence' (W replicated, the input the rank's share of the tokens).
+        """Shard this layer over a tensor-parallel group: ``role`` 'column' (W sharded along out_features)
+        or 'row' (along in_features).
 
         The operands sharded in that role take the group's per-tensor amax (``TP_AMAX_OPERANDS``), so
         with round-to-nearest every quantized value is the one the unsharded layer computes for that

@@ -60,6 +60,18 @@ def test_a_batch_the_world_cannot_run_is_refused_alike(tmp_path, monkeypatch, da
     assert _planner(overrides, "--gpus", "3", "--gpus-per-node", "3") == (2, expected)
 
 
+def test_a_quantized_lm_head_tp_cannot_split_is_refused_alike(tmp_path, monkeypatch, data_cache):
+    """Under tp the LM head is column-parallel over the vocabulary: 528 / 2 = 264 rows cut NVFP4's 16-blocks."""
+    overrides = tiny_overrides(data_cache) + ["model.vocab_size=528", "model.mamba_num_heads=32",
+                                              "model.mamba_head_dim=4", "precision.quantize_lm_head=true",
+                                              "parallel.tp=2", "train.global_batch_size=2"]
+    for name, value in (("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2"), ("RANK", "0"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    expected = _trainer(overrides, tmp_path)
+    assert "'lm_head' splits out_features 528 into 2 shards of 264" in expected
+    assert _planner(overrides, "--gpus", "2", "--gpus-per-node", "2") == (2, expected)
+
+
 @pytest.mark.parametrize("overrides", [
     ["+train.micro_btach_size=2"],  # a misspelt key: the trainer's check before Hydra's composition
     ["model=nope"],  # a config that does not compose

@@ -167,7 +167,7 @@ def _saved_weight_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
         for module, _, in_features, out_features in block_linears(cfg, symbol):
             total += linear_saved_weight_bytes(layout, f"layers.{index}.mixer.{module}",
                                                in_features * out_features // layout.tp)
-    return total + linear_saved_weight_bytes(layout, "lm_head", cfg.vocab_size * cfg.hidden_size)
+    return total + linear_saved_weight_bytes(layout, "lm_head", cfg.vocab_size * cfg.hidden_size // layout.tp)
 
 
 def gathered_parameter_bytes(cfg: ModelConfig, layout: RunLayout) -> float:

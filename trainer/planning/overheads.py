@@ -7,7 +7,8 @@
     evaluation    every train.eval_every steps and at the last step: train.eval_batches forward-only
                   micro-batches, each FORWARD_SHARE of a training micro-batch without recomputation at the
                   idle share of eager launches (evaluation is not replayed from the graph), plus under tensor
-                  parallelism its forward collectives (one all-gather and one reduce-scatter per block)
+                  parallelism its forward collectives (one all-gather and one reduce-scatter per block, the
+                  embedding's reduce-scatter, the LM head's all-gather, the loss's three all-reduces)
 
 Where the constants come from (docs/study.md and the study's records, results/study/9m/*: runs of the
 9.2M-parameter study model on one H100 or H200, compiled blocks, CUDA graphs): the first three steps of a run
@@ -25,7 +26,7 @@ import math
 from typing import Dict
 
 from models.config import ModelConfig
-from trainer.planning.collectives import ALL_GATHER, REDUCE_SCATTER, TP, Collective, call_seconds
+from trainer.planning.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, TP, Collective, call_seconds
 from trainer.planning.layout import RunLayout
 from trainer.planning.step_time import FORWARD_SHARE, H200_CALIBRATED, Efficiency, micro_batch_parts
 
@@ -50,11 +51,13 @@ def evaluation_seconds(model: ModelConfig, layout: RunLayout, eval_batches: int,
     """Seconds of one evaluation: eval_batches forward-only micro-batches (module docstring)."""
     plain = dataclasses.replace(layout, checkpointed="", cuda_graph=False)
     forward = FORWARD_SHARE * sum(micro_batch_parts(model, plain, eff).values()) * (1 + eff.idle)
-    if layout.tp > 1:
+    if layout.tp > 1:  # each block's gather and scatter, the embedding's scatter, the LM head's gather, the loss's
         activation = layout.compute_bytes * layout.tokens_per_micro_batch * model.hidden_size
-        blocks = len(model.pattern)
-        forward += blocks * sum(call_seconds(Collective(op, TP, layout.tp, activation, 1, "", ""), layout, eff.network)
-                                for op in (ALL_GATHER, REDUCE_SCATTER))
+        calls = len(model.pattern) + 1
+        forward += calls * sum(call_seconds(Collective(op, TP, layout.tp, activation, 1, "", ""), layout, eff.network)
+                               for op in (ALL_GATHER, REDUCE_SCATTER))
+        loss = Collective(ALL_REDUCE, TP, layout.tp, 4 * layout.tokens_per_micro_batch, 1, "", "")
+        forward += 3 * call_seconds(loss, layout, eff.network)
     return eval_batches * forward
 
 

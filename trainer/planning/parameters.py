@@ -170,5 +170,5 @@ def largest_block_local(cfg: ModelConfig, tp: int) -> int:
 
 
 def head_local(cfg: ModelConfig, tp: int) -> int:
-    """TP-local parameters of the head unit (final norm, LM head: replicated)."""
+    """TP-local parameters of the head unit (the final norm, replicated; the LM head's rows / tp)."""
     return next(unit.local_numel for unit in unit_sizes(cfg, tp, 1) if unit.name == HEAD)

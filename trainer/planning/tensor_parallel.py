@@ -69,15 +69,17 @@ def quantized_split_problem(cfg: ModelConfig, gemm_formats: Dict[str, Dict[str, 
     its quantized operands; trainer.tensor_parallel._check_whole_blocks)."""
     if tp == 1:
         return ""
-    for index, symbol in enumerate(cfg.pattern):
-        for module, _, in_features, out_features in block_linears(cfg, symbol):
-            name = f"layers.{index}.mixer.{module}"
-            formats = {fmt for fmt in gemm_formats.get(name, {}).values() if fmt != "bf16"}
-            if not formats:
-                continue
-            edge = max(FORMAT_SPECS[_REGISTRY_NAMES.get(fmt, fmt)].block_edge for fmt in formats)
-            dim, size = ("out_features", out_features) if module in COLUMN_PARALLEL else ("in_features", in_features)
-            if size % (tp * edge):
-                return (f"layer {name!r} splits {dim} {size} into {tp} shards of {size / tp:g}, not a multiple of "
-                        f"its quantization block ({edge})")
+    linears = [(f"layers.{index}.mixer.{module}", module in COLUMN_PARALLEL, in_features, out_features)
+               for index, symbol in enumerate(cfg.pattern)
+               for module, _, in_features, out_features in block_linears(cfg, symbol)]
+    linears.append(("lm_head", True, cfg.hidden_size, cfg.vocab_size))  # column-parallel over the vocabulary
+    for name, column, in_features, out_features in linears:
+        formats = {fmt for fmt in gemm_formats.get(name, {}).values() if fmt != "bf16"}
+        if not formats:
+            continue
+        edge = max(FORMAT_SPECS[_REGISTRY_NAMES.get(fmt, fmt)].block_edge for fmt in formats)
+        dim, size = ("out_features", out_features) if column else ("in_features", in_features)
+        if size % (tp * edge):
+            return (f"layer {name!r} splits {dim} {size} into {tp} shards of {size / tp:g}, not a multiple of "
+                    f"its quantization block ({edge})")
     return ""
