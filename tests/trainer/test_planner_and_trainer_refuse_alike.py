@@ -42,6 +42,12 @@ def _trainer(overrides: list, run_dir) -> str:
     return user_error_message(refused.value)
 
 
+def _launched_as_rank_0_of(world: int, monkeypatch) -> None:
+    """The environment torchrun gives rank 0 of ``world`` processes on one node."""
+    for name, value in (("WORLD_SIZE", world), ("LOCAL_WORLD_SIZE", world), ("RANK", 0), ("LOCAL_RANK", 0)):
+        monkeypatch.setenv(name, str(value))
+
+
 @pytest.mark.parametrize("override", [o for o, _ in BAD_VALUES] + LAYOUT_VALUES)
 def test_the_same_value_is_refused_with_the_same_message(tmp_path, data_cache, override):
     overrides = [o for o in tiny_overrides(data_cache) if not o.startswith("train.micro_batch_size")]
@@ -53,8 +59,7 @@ def test_the_same_value_is_refused_with_the_same_message(tmp_path, data_cache, o
 def test_a_batch_the_world_cannot_run_is_refused_alike(tmp_path, monkeypatch, data_cache):
     overrides = tiny_overrides(data_cache) + ["train.micro_batch_size=2", "train.global_batch_size=8",
                                               "parallel.fsdp=on", "train.batch_policy=exact"]
-    for name, value in (("WORLD_SIZE", "3"), ("LOCAL_WORLD_SIZE", "3"), ("RANK", "0"), ("LOCAL_RANK", "0")):
-        monkeypatch.setenv(name, value)
+    _launched_as_rank_0_of(3, monkeypatch)
     expected = _trainer(overrides, tmp_path)
     assert "train.batch_policy=exact" in expected
     assert _planner(overrides, "--gpus", "3", "--gpus-per-node", "3") == (2, expected)
@@ -65,8 +70,7 @@ def test_a_quantized_lm_head_tp_cannot_split_is_refused_alike(tmp_path, monkeypa
     overrides = tiny_overrides(data_cache) + ["model.vocab_size=528", "model.mamba_num_heads=32",
                                               "model.mamba_head_dim=4", "precision.quantize_lm_head=true",
                                               "parallel.tp=2", "train.global_batch_size=2"]
-    for name, value in (("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2"), ("RANK", "0"), ("LOCAL_RANK", "0")):
-        monkeypatch.setenv(name, value)
+    _launched_as_rank_0_of(2, monkeypatch)
     expected = _trainer(overrides, tmp_path)
     assert "'lm_head' splits out_features 528 into 2 shards of 264" in expected
     assert _planner(overrides, "--gpus", "2", "--gpus-per-node", "2") == (2, expected)
