@@ -273,6 +273,9 @@ def _issued(calls: list, tp: int) -> Counter:
     (4, ["precision=nvfp4", "precision.backend=emulated", "train.global_batch_size=4", "parallel.tp=2",
          "parallel.activation_checkpoint=M"]),
     (4, ["precision=bf16", "train.global_batch_size=8", "parallel.dp_shard=2", "parallel.dp_replicate=2"]),
+    # parallel=auto's composition past 256 GPUs: tp x FSDP x HSDP, quantized (amax all-reduces over tp)
+    (8, ["precision=nvfp4", "precision.backend=emulated", "train.global_batch_size=8", "parallel.tp=2",
+         "parallel.dp_shard=2", "parallel.dp_replicate=2"]),
 ])
 def test_the_list_is_what_the_trainer_issues_on_gloo(tmp_path, ranks, overrides):
     overrides = TINY + overrides

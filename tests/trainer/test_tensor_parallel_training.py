@@ -39,6 +39,23 @@ def test_tp2_by_dp2_trains_as_one_process_and_resumes_at_tp1(tmp_path, data_cach
 
 
 @pytest.mark.distributed
+def test_tp_by_fsdp_by_hsdp_trains_as_one_process(tmp_path, data_cache):
+    """The composition parallel=auto picks past 256 GPUs, tp x dp_shard x dp_replicate (2 x 2 x 2, 8 processes):
+    FSDP2 over the 2-D (replicate, shard) mesh of DTensors already sharded over tp, the replicated norms'
+    gradients summed over tp after HSDP's all-reduce, trains the losses of one process."""
+    args = tiny_overrides(data_cache, steps=3) + TP_MODEL + ["train.micro_batch_size=1"]
+    layered = run_cli(args + ["parallel.tp=2", "parallel.dp_shard=2", "parallel.dp_replicate=2"], tmp_path / "tp",
+                      nproc=8, timeout=600)
+    assert layered.returncode == 0, layered.stderr[-3000:]
+    single = run_cli(args, tmp_path / "single", nproc=1)
+    assert single.returncode == 0, single.stderr[-3000:]
+    expected, sharded = losses_by_step(tmp_path / "single"), losses_by_step(tmp_path / "tp")
+    assert sorted(sharded) == [1, 2, 3]
+    for step in sharded:
+        assert sharded[step] == pytest.approx(expected[step], rel=1e-4), step
+
+
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_tp2_with_compiled_blocks_trains_as_one_process(tmp_path, data_cache):
     """parallel=auto compiles the blocks and picks tp > 1 past 256 GPUs: the compiled tensor-parallel blocks
