@@ -137,17 +137,17 @@ where a call of zlib.crc32 (C code Dynamo cannot trace) would break the graph. A
 needs its entry (a KeyError says so)."""
 
 
-def _operand_seed(seed: torch.Tensor, name: str) -> torch.Tensor:
+def operand_seed(seed: torch.Tensor, name: str) -> torch.Tensor:
     """The layer's seed tensor offset by a constant of the operand ('Dgrad dY', ...): its own draws.
     The seed is below 2^62 and the offset below 2^32, so the sum stays a positive int64."""
     return seed + OPERAND_SEED_OFFSETS[name]
 
 
-def _torch_generator(seed: torch.Tensor, name: str) -> torch.Generator:
+def operand_generator(seed: torch.Tensor, name: str) -> torch.Generator:
     """A Generator on the seed's device seeded with the operand's seed, for the torch quantizer
     (one host read: the torch path is the eager reference, not the compiled fast path)."""
     generator = torch.Generator(device=seed.device)
-    generator.manual_seed(int(_operand_seed(seed, name).item()))
+    generator.manual_seed(int(operand_seed(seed, name).item()))
     return generator
 
 
@@ -177,7 +177,7 @@ def _quantize_operand(
     reduce_amax = amax is not None and amax.applies(name, spec.fmt)
     family = None if reduce_amax else _use_kernel(tensor, spec, transpose)
     if family is not None:
-        seed = _operand_seed(rng, name) if seeded else None
+        seed = operand_seed(rng, name) if seeded else None
         values, decode = family.quantize_operand(tensor, spec, transpose=transpose, seed=seed, generator=generator,
                                                  out_dtype=values_dtype, scales=shared_scales, name=name)
     else:
@@ -188,7 +188,7 @@ def _quantize_operand(
         tile_then_transpose = transpose and spec.four_over_six is not None and spec.transpose_invariant
         matrix = tensor.t() if transpose and not tile_then_transpose else tensor
         if seeded:
-            generator = _torch_generator(rng, name)
+            generator = operand_generator(rng, name)
         if spec.rht:
             matrix = rht(matrix, name=name)
         rows = matrix.shape[0]

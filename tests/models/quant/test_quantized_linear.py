@@ -63,14 +63,14 @@ def test_seeded_draws_follow_the_micro_batch_and_differ_between_operands():
     assert torch.equal(first, weight_grad(3, 0))
     assert not torch.equal(first, weight_grad(3, 1)), "micro-batches draw independently"
     assert not torch.equal(first, weight_grad(4, 0)), "steps draw independently"
-    from models.quant.linear import OPERAND_NAMES, _operand_seed
+    from models.quant.linear import OPERAND_NAMES, operand_seed
 
     seed = torch.tensor([12345])
-    offsets = {_operand_seed(seed, name).item() for name in OPERAND_NAMES}
+    offsets = {operand_seed(seed, name).item() for name in OPERAND_NAMES}
     assert len(offsets) == len(OPERAND_NAMES), "every operand of a layer has its own draws"
     # The seed arithmetic traces into one graph (the kernels' path; a host read or zlib call would not).
-    compiled = torch.compile(lambda s: _operand_seed(s, "Wgrad dY^T"), backend="eager", fullgraph=True)
-    assert torch.equal(compiled(seed), _operand_seed(seed, "Wgrad dY^T"))
+    compiled = torch.compile(lambda s: operand_seed(s, "Wgrad dY^T"), backend="eager", fullgraph=True)
+    assert torch.equal(compiled(seed), operand_seed(seed, "Wgrad dY^T"))
 
 
 @pytest.mark.parametrize("linear_class, builder", BACKENDS)
