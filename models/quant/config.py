@@ -23,7 +23,8 @@ class PrecisionConfig:
     """Low-precision format of quantized GEMM operands: bf16 (none), nvfp4, nvfp4_4over6, nvfp4_ue5m3, mxfp4,
     mxfp8, fp8_block, fp8_tensor (models.quant.format_registry)."""
     backend: str = "auto"
-    """Who runs the quantized GEMMs: auto, te (Transformer Engine), torch (torch._scaled_mm FP8), emulated."""
+    """Who runs the quantized GEMMs: auto, te (Transformer Engine), torch (torch's scaled matmul: FP8 on Hopper,
+    NVFP4 on Blackwell), emulated."""
     bf16_layers_at_start: int = 0
     """Number of leading pattern symbols (blocks) whose linears stay in BF16."""
     bf16_layers_at_end: int = 0

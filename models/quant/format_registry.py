@@ -3,7 +3,9 @@
 Who reads what:
 - ``models.quant.recipe``: the recipe formats and backends a ``PrecisionConfig`` may name, the block
   edge a linear's dims must divide, the per-layer ``LinearSpec`` (``FormatSpec.linear_spec``), and
-  where the torch FP8 backend runs (``FormatSpec.native``);
+  where the torch backends run (``FormatSpec.native``: FP8 on Hopper, NVFP4 on Blackwell);
+- the run planner (trainer/planning/layout.py): whether a format stays native under tensor parallelism
+  (``runs_natively("torch", ...)``);
 - ``models.quant.linear``: which Triton kernel quantizes an operand (``quantize_kernel``);
 - ``models.quant.te_backend``: the TE recipe class, its options and the compute capability it needs;
 - ``models.quant.diagnostics``: the element max (saturation);
@@ -55,11 +57,24 @@ class Capability:
 
     minimum: Tuple[int, int]
     below: Optional[Tuple[int, int]] = None
+    why: str = ""
+    """What sets the range (for error messages), e.g. the library's own check."""
 
     def allows(self, capability: Optional[Tuple[int, int]]) -> bool:
         if capability is None:
             return False
         return capability >= self.minimum and (self.below is None or capability < self.below)
+
+    def describe(self) -> str:
+        """The range in words: 'compute capability 9.x', '8.9 or later', '10.0 up to 12.x'."""
+        low = f"{self.minimum[0]}.{self.minimum[1]}"
+        if self.below is None:
+            text = f"compute capability {low} or later"
+        elif self.minimum[1] == 0 and self.below == (self.minimum[0] + 1, 0):
+            text = f"compute capability {self.minimum[0]}.x"
+        else:
+            text = f"compute capability {low} up to (not including) {self.below[0]}.{self.below[1]}"
+        return f"{text} ({self.why})" if self.why else text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +182,11 @@ def _te_nvfp4_options(cfg) -> Dict[str, object]:
                 disable_2d_quantization=not cfg.weight_2d)
 
 
+NVFP4_TORCH = Capability((10, 0), why="Blackwell: cuBLASLt's block-scaled FP4 GEMM")
+"""Where torch's NVFP4 scaled GEMM runs (models.quant.nvfp4_torch). PyTorch gates its NVFP4 GEMM tests on
+capability 10.0 and later (``PLATFORM_SUPPORTS_MX_GEMM`` = SM100OrLater, which takes in 12.x) and skips only
+MXFP4 on 12.x; its scaled_mm has no NVFP4-specific capability check of its own (``ScaledBlas.cpp``)."""
+
 FORMAT_SPECS: Dict[str, FormatSpec] = {
     spec.name: spec
     for spec in (
@@ -175,7 +195,7 @@ FORMAT_SPECS: Dict[str, FormatSpec] = {
             block_edge=16,
             linear_spec=lambda cfg, **gemms: _nvfp4_linear_spec(cfg, four_over_six=cfg.four_over_six, **gemms),
             quantize_kernel="nvfp4",
-            native={"te": Capability((10, 0))},
+            native={"te": Capability((10, 0)), "torch": NVFP4_TORCH},
             te_recipe="NVFP4BlockScaling",
             te_recipe_options=lambda cfg: _te_nvfp4_options(cfg),
             element_bytes=0.5, vector_block=16, vector_scale_bytes=1, weight_block=16 * 16, weight_scale_bytes=1,
@@ -201,8 +221,8 @@ FORMAT_SPECS: Dict[str, FormatSpec] = {
             "fp8_block", "FP8 (E4M3, 1x128 / 128x128 fp32 scales)", ELEMENT_FORMATS["fp8_block"], block_edge=128,
             linear_spec=lambda cfg, **gemms: gemm_spec.fp8_block_linear_spec(
                 power_of_two_scales=cfg.fp8_power_of_two_scales, **gemms),
-            # PyTorch runs the DeepSeek-style blockwise FP8 GEMM on compute capability 9.x only.
-            native={"te": Capability((9, 0)), "torch": Capability((9, 0), below=(10, 0))},
+            native={"te": Capability((9, 0)), "torch": Capability(
+                (9, 0), below=(10, 0), why="PyTorch runs the DeepSeek-style blockwise FP8 GEMM on SM 9.x only")},
             te_recipe="Float8BlockScaling",
             te_recipe_options=lambda cfg: dict(power_2_scale=cfg.fp8_power_of_two_scales),
             element_bytes=1.0, vector_block=128, vector_scale_bytes=4, weight_block=128 * 128, weight_scale_bytes=4,
@@ -212,7 +232,7 @@ FORMAT_SPECS: Dict[str, FormatSpec] = {
             "fp8_tensor", "FP8 (E4M3, per-tensor scale)", ELEMENT_FORMATS["fp8_tensor"],
             block_edge=16,  # 16: what torch._scaled_mm needs
             linear_spec=lambda cfg, **gemms: gemm_spec.fp8_tensor_linear_spec(**gemms),
-            native={"te": Capability((8, 9)), "torch": Capability((8, 9))},
+            native={"te": Capability((8, 9)), "torch": Capability((8, 9), why="torch._scaled_mm per tensor")},
             te_recipe="Float8CurrentScaling",
             te_recipe_options=lambda cfg: dict(fp8_format="E4M3"),
             element_bytes=1.0, amax_pass=True, tensor_scale_bytes=4, peak_key="fp8",
@@ -226,12 +246,14 @@ FORMAT_SPECS["mxfp8_wgrad_rht"] = dataclasses.replace(
     linear_spec=lambda cfg, **gemms: gemm_spec.mxfp8_linear_spec(wgrad_rht=True, **gemms),
 )
 
-# NVFP4 variants beyond the paper's recipe, each the full recipe with one change (docs/numerics.md). Emulated
-# only: TE's 4over6 recipe runs without RHT and stochastic rounding, and no TE recipe has UE5M3 scales.
+# NVFP4 variants beyond the paper's recipe, each the full recipe with one change (docs/numerics.md). No TE
+# recipe runs them: TE's 4over6 runs without RHT and stochastic rounding, and none has UE5M3 scales. Four Over
+# Six's operands are plain E2M1 codes and E4M3 block scales (only S_enc differs), which torch's NVFP4 GEMM
+# takes as they are; UE5M3 scales it cannot take (its 1x16 scales are float8_e4m3fn).
 FORMAT_SPECS["nvfp4_4over6"] = dataclasses.replace(
     FORMAT_SPECS["nvfp4"], name="nvfp4_4over6",
     label="NVFP4, Four Over Six block scales (each block maps its max to 4 or 6, the lower error)",
-    native={}, te_recipe=None,
+    native={"torch": NVFP4_TORCH}, te_recipe=None,
     linear_spec=lambda cfg, **gemms: _nvfp4_linear_spec(
         cfg, four_over_six=cfg.four_over_six or gemm_spec.FOUR_OVER_SIX_ROLES, **gemms),
 )

@@ -12,8 +12,9 @@ compile and FSDP. It:
      - every other linear gets the recipe's format in each GEMM (Fprop, Dgrad, Wgrad) that
        the config quantizes; a linear whose dims do not divide the format's block size is an
        error naming the layer (or BF16 when `keep_indivisible_in_bf16`);
-  2. resolves the backend (`auto` -> te where TE runs this recipe on this GPU, else torch for
-     FP8 on SM 9.0+, else emulated) and swaps modules: QuantLinear (emulated), the torch FP8
+  2. resolves the backend (`auto` -> te where TE runs this recipe on this GPU and the linears are not
+     split by tensor parallelism, else torch where torch runs the format natively: FP8 on Hopper, NVFP4
+     on Blackwell; else emulated) and swaps modules: QuantLinear (emulated), the torch FP8 or NVFP4
      linear, or te.Linear under te.autocast;
   3. returns a `PrecisionPlan` that prints the table, reports FLOP shares, advances the
      stochastic-rounding step and performs the late switch to BF16 (paper, Appendix D).
@@ -283,14 +284,15 @@ def resolve_backend(cfg: PrecisionConfig, device: torch.device, tensor_parallel:
         te_backend.check_supported(cfg, capability)
         return "te"
     if cfg.backend == "torch":
-        if "torch" not in format_spec(cfg.format).native:
-            torch_formats = ", ".join(name for name, spec in FORMAT_SPECS.items() if "torch" in spec.native)
-            raise ValueError(f"precision.backend=torch runs FP8 formats ({torch_formats}), not {cfg.format}; "
+        spec = format_spec(cfg.format)
+        if "torch" not in spec.native:
+            torch_formats = ", ".join(name for name, entry in FORMAT_SPECS.items() if "torch" in entry.native)
+            raise ValueError(f"precision.backend=torch runs the formats {torch_formats} natively, not {cfg.format}; "
                              "use backend=emulated or te")
-        if not format_spec(cfg.format).runs_natively("torch", capability):
-            raise RuntimeError("precision.backend=torch runs fp8_block on Hopper (compute capability 9.x; PyTorch's "
-                               "blockwise FP8 GEMM is SM 9.x only) and fp8_tensor on 8.9+; this device "
-                               f"is {capability}")
+        if not spec.runs_natively("torch", capability):
+            here = "a CPU" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
+            raise RuntimeError(f"precision.backend=torch runs {cfg.format} on {spec.native['torch'].describe()}; "
+                               f"this device is {here}. Use precision.backend=emulated (or auto)")
         return "torch"
     # auto
     if not tensor_parallel and te_backend.has_te() and te_backend.supported_reason(cfg, capability) is None:
@@ -323,9 +325,8 @@ def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[tor
         return plan
 
     if backend == "torch":
-        from models.quant.fp8_torch import TorchFp8Linear as linear_class
-
-        plan.notes.append("FP8 GEMMs run natively through torch._scaled_mm")
+        linear_class = torch_linear_class(cfg.format)
+        plan.notes.append(f"{linear_class.__name__}: the quantized GEMMs run natively through torch's scaled matmul")
     else:
         from models.quant.linear import QuantLinear as linear_class
 
@@ -339,6 +340,17 @@ def apply_precision(model: nn.Module, cfg: PrecisionConfig, device: Optional[tor
         setattr(parent, child, converted)
         plan.modules[layer.name] = converted
     return plan
+
+
+def torch_linear_class(fmt: str):
+    """The torch backend's layer for a recipe format, by the element format its operands take."""
+    if format_spec(fmt).quantizes_as == "nvfp4":
+        from models.quant.nvfp4_torch import TorchNvfp4Linear
+
+        return TorchNvfp4Linear
+    from models.quant.fp8_torch import TorchFp8Linear
+
+    return TorchFp8Linear
 
 
 def linear_spec(cfg: PrecisionConfig, layer: LayerPlan):

@@ -75,8 +75,8 @@ def test_fsdp_in_one_plain_process_trains_as_without_fsdp(tmp_path, data_cache):
 
 def test_tensor_parallel_runs_the_projects_own_quantized_linears_not_transformer_engines():
     """The tensor-parallel pass shards the emulated and torch linears: precision.backend=te with tp > 1 is refused
-    at start, auto never picks te under tp, and the planner plans NVFP4 under tp on Blackwell as emulated while FP8
-    on Hopper stays native (torch._scaled_mm)."""
+    at start, auto never picks te under tp, and the planner keeps NVFP4 under tp on Blackwell native (torch's NVFP4
+    scaled matmul) but not on Hopper, and FP8 on Hopper native (torch._scaled_mm)."""
     import torch
 
     from models.quant.recipe import resolve_backend
@@ -97,6 +97,7 @@ def test_tensor_parallel_runs_the_projects_own_quantized_linears_not_transformer
         return resolve_layout(cfg, GPUS[gpu], 64).backend
 
     assert planned_backend("B200", 1) == "native"
-    assert planned_backend("B200", 2) == "emulated"
+    assert planned_backend("B200", 2) == "native"
+    assert planned_backend("H100", 2) == "emulated"
     # per-tensor FP8 (its in_proj shards need no 128-row tiles) stays native on Hopper under tp
     assert planned_backend("H100", 2, "precision.format=fp8_tensor") == "native"

@@ -34,9 +34,9 @@ ROOT = HERE.parents[2]
 
 @pytest.mark.skipif(not _interpreter_handles_this_numpy(),
                     reason="Triton < 3.7's interpreter fails under numpy >= 2.4 (triton-lang/triton#9171)")
-@pytest.mark.parametrize("script", ["kernels_interpreted.py", "kernels_interpreted_four_over_six.py",
-                                    "kernels_interpreted_ue5m3.py"])
-def test_kernels_match_the_torch_references_under_the_interpreter(script):
+@pytest.mark.parametrize("script, least", [("kernels_interpreted.py", 6), ("kernels_interpreted_four_over_six.py", 6),
+                                           ("kernels_interpreted_ue5m3.py", 6), ("kernels_interpreted_nvfp4_torch.py", 3)])
+def test_kernels_match_the_torch_references_under_the_interpreter(script, least):
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([sys.executable, str(HERE / script)], env=env, cwd=ROOT,
@@ -44,4 +44,4 @@ def test_kernels_match_the_torch_references_under_the_interpreter(script):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     lines = result.stdout.splitlines()
     passed = [line for line in lines if line.startswith("ok check_")]
-    assert lines and lines[-1] == f"all {len(passed)} checks passed" and len(passed) >= 6, result.stdout
+    assert lines and lines[-1] == f"all {len(passed)} checks passed" and len(passed) >= least, result.stdout

@@ -105,8 +105,10 @@ def test_backend_resolution_on_cpu():
     assert resolve_backend(load_precision_yaml("fp8"), torch.device("cpu")) == "emulated"
     with pytest.raises(RuntimeError, match="compute capability"):
         resolve_backend(load_precision_yaml("fp8", backend="torch"), torch.device("cpu"))
-    with pytest.raises(ValueError, match="FP8 formats"):
+    with pytest.raises(RuntimeError, match=r"nvfp4 on compute capability 10\.0 or later"):
         resolve_backend(load_precision_yaml("nvfp4", backend="torch"), torch.device("cpu"))
+    with pytest.raises(ValueError, match="natively, not mxfp4"):
+        resolve_backend(load_precision_yaml("mxfp4", backend="torch"), torch.device("cpu"))
     if not te_backend.has_te():
         with pytest.raises(ImportError, match="pip install"):
             resolve_backend(load_precision_yaml("fp8", backend="te"), torch.device("cpu"))

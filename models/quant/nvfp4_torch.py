@@ -1,0 +1,549 @@
+"""Native NVFP4 linear layer: Fprop, Dgrad and Wgrad as block-scaled FP4 GEMMs through torch's scaled matmul.
+
+The three GEMMs of ``Y = X W^T`` (T tokens, K in_features, N out_features), each ``A B^T`` with both
+operands row-major and blocked along the reduction dim (the "TN" layout of cuBLASLt's block-scaled GEMM):
+
+    Fprop  Y  [T, N] = X    [T, K] . W   [N, K]^T     X 1x16 along K, W 16x16 tiles (or 1x16 along K)
+    Dgrad  dX [T, K] = dY   [T, N] . W^T [K, N]^T     dY 1x16 along N; W^T: W's 16x16 codes transposed,
+                                                      or (1x16 weights) W quantized again along N
+    Wgrad  dW [N, K] = dY^T [N, T] . X^T [K, T]^T     both 1x16 along tokens, after the RHT
+
+Every operand is quantized as the emulated layer (``models.quant.linear``) quantizes it: the same
+quantizers (the Triton kernels where ``QuantLinear`` sends the operand to them, else the torch reference),
+the same stochastic-rounding seeds, shared global scales and tensor-parallel amax. So its E2M1 codes q,
+E4M3 block scales s_b and per-tensor decode scale S_dec = 1 / S_enc are the emulated path's, bit for bit:
+
+    S_enc = min(2688 / amax, FLT_MAX)  (1536 / amax with Four Over Six);  1 if amax == 0
+    s_b   = e4m3(block_amax * (S_enc * (1/6)))                            RNE, saturating at 448
+    q     = e2m1(x * min(1 / (fp32(s_b) * S_dec), FLT_MAX))               RNE or stochastic
+
+The GEMM computes, for C = A B^T over a reduction of length R,
+
+    C[m, n] = (S_dec_a * S_dec_b) * sum_k (q_a[m, k] * s_a[m, k // 16]) * (q_b[n, k] * s_b[n, k // 16])
+
+the tensor cores applying each 16-long block's two scales and accumulating in fp32, then cuBLASLt
+multiplying by alpha = S_dec_a * S_dec_b (torch forms the product, ``_scaled_nvfp4_nvfp4``) and rounding
+once to the output dtype. That is the emulated GEMM's formula (exact scaled values q * s_b, fp32 sums, times
+S_dec_a * S_dec_b, one rounding) up to the order of the fp32 additions; with an fp32 compute dtype the
+emulated path multiplies fully dequantized operands, so there the per-element products round differently too.
+
+Layouts of an operand [rows, R] (PyTorch ``ScaledBlas.cpp`` ``_scaled_nvfp4_nvfp4`` and its meta function
+``_check_scaled_mm_sizes_v2``; ``test_scaled_matmul_cuda.py`` ``test_blockwise_nvfp4_with_global_scale``;
+cuBLAS, "1D Block Scaling Factors Layout"):
+- codes: ``torch.float4_e2m1fn_x2`` [rows, R / 2], row-major, two codes a byte with element 2j in the low
+  nibble (torch's ``pack_uint4``, ``QuantizedTensor.packed_codes``); B goes in as ``B.t()`` (column-major).
+  A packed row must be a multiple of 16 bytes (torch checks ``size(1) % 16`` on the packed tensor, i.e.
+  R % 32; its own tests skip NVFP4 otherwise): a reduction of 16 mod 32 (a tensor-parallel shard of 2832
+  rows, say) gets one block of zero codes with a zero scale, which adds exact zeros to every sum;
+- block scales: ``float8_e4m3fn`` [rows, R / 16], zero-padded to [round_up(rows, 128), round_up(R / 16, 4)]
+  and laid out in cuBLAS's 128x4 tiles, one contiguous vector: scale (r, c) at element
+  512 * (r // 128 * tiles_per_row + c // 4) + 16 * (r % 32) + 4 * (r % 128 // 32) + c % 4
+  (``SwizzleType.SWIZZLE_32_4_4``; torch's ``to_blocked`` writes the same). A 16x16 tile's scale is
+  repeated over its 16 rows;
+- per-tensor scale: S_dec, fp32, one element, recipe ``TensorWise``, ``NO_SWIZZLE``.
+
+Hardware: cuBLASLt's block-scaled FP4 GEMM, on Blackwell. PyTorch checks the layouts but no architecture
+for NVFP4 (only >= 8.9 for any scaled_mm) and runs its NVFP4 GEMM tests on compute capability 10.0 and
+later, 12.x included (``format_registry.NVFP4_TORCH``). The GEMM has not run in this repository: the CPU
+tests check operands, layouts and wiring against the emulated layer and torch's own layout helpers, and
+tests/models/quant/test_nvfp4_torch_gpu.py (skipped below 10.0) compares the GEMMs with the emulated ones.
+
+The forward quantizes X and W (Fprop), W^T (Dgrad) and X^T (Wgrad), and saves W^T's and X^T's packed codes
+and scales for the backward (about half a byte an element) instead of X; the backward quantizes dY (Dgrad)
+and dY^T (Wgrad), in the emulated layer's order. Packing, padding and the scale layout are torch ops. Not
+done here: the kernels also write the scaled values q * s_b, which nothing reads; a transposed operand is
+packed by a strided copy; W is quantized again every micro-batch.
+
+Under ``torch.compile`` the layer traces into its block's graph: the GEMM is a custom op opaque to Inductor
+(``scaled_gemm``; Dynamo cannot trace ``torch._scaled_mm_v2``), and codes and scales travel as uint8, taking
+their FP4 / FP8 dtypes inside the op only.
+
+Tensor parallelism (``QuantizedLinear.set_tensor_parallel``): the GEMMs take the weight's local shard; an
+operand the layer's ``amax_reduction`` names takes the group's amax (``quantized_linear.group_amax``) through
+the torch reference, as in the emulated layer, so a sharded layer's codes are the unsharded layer's.
+
+Sources: TE ``core_nvfp4.cuh`` (the quantization); PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp``,
+``torch/_meta_registrations.py``, ``test/test_scaled_matmul_cuda.py``,
+``torch/testing/_internal/common_quantized.py`` (``to_blocked``, ``pack_uint4``); the cuBLAS documentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from models.norms import local_tensor
+from models.quant import formats
+from models.quant.element_formats import GEMMS
+from models.quant.format_registry import NVFP4_TORCH, quantize_kernel
+from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, nvfp4_linear_spec
+from models.quant.linear import RoundingRng, operand_generator, operand_seed
+from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, group_amax, high_precision_gemm,
+                                           with_amax_rows)
+from models.quant.rht import rht
+
+BLOCK = 16
+"""Elements per block scale (and the edge of a 2D weight tile)."""
+REDUCTION_MULTIPLE = 32
+"""A packed row of whole 16 bytes: what torch's scaled_mm takes along the reduction dim."""
+SCALE_TILE_ROWS, SCALE_TILE_COLUMNS = 128, 4
+"""cuBLAS's block-scale tile: 128 rows of 4 scales (512 bytes)."""
+REQUIREMENT = f"torch.nn.functional.scaled_mm with NVFP4 recipes on a CUDA GPU of {NVFP4_TORCH.describe()}"
+
+
+# ----------------------------------------------------------------------------------------------
+# What this torch and this GPU can do
+
+
+_ENUM_MEMBERS = {  # (enum, names it has had): torch 2.13 spells them BlockWise1x16; a Python Enum once Blockwise_1x16
+    "block": ("ScalingType", ("BlockWise1x16", "Blockwise_1x16")),
+    "tensor": ("ScalingType", ("TensorWise",)),
+    "swizzled": ("SwizzleType", ("SWIZZLE_32_4_4",)),
+    "plain": ("SwizzleType", ("NO_SWIZZLE",)),
+}
+
+
+def _member(kind: str):
+    """The torch.nn.functional enum member of ``kind`` (None if torch lacks it)."""
+    enum_name, names = _ENUM_MEMBERS[kind]
+    enum = getattr(F, enum_name, None)
+    for name in names:
+        member = getattr(enum, name, None)
+        if member is not None:
+            return member
+    return None
+
+
+def has_nvfp4_scaled_mm() -> bool:
+    """Whether torch has the scaled matmul with NVFP4 recipes (1x16 E4M3 block scales, swizzled)."""
+    return (hasattr(F, "scaled_mm") and hasattr(torch, "float4_e2m1fn_x2")
+            and all(_member(kind) is not None for kind in _ENUM_MEMBERS))
+
+
+_CAPABILITY: Dict[int, Tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> Tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITY[index]
+
+
+def check_native_support(device: torch.device, name: str = "") -> None:
+    """Raise RuntimeError (naming the layer) unless torch's NVFP4 GEMM can run on ``device``."""
+    def where() -> str:  # formatted on failure only: torch.compile would guard on (recompile per) name
+        return f"layer {name!r}: " if name else ""
+
+    if not has_nvfp4_scaled_mm():
+        raise RuntimeError(f"{where()}native NVFP4 GEMMs need {REQUIREMENT}; torch {torch.__version__} lacks that "
+                           "scaled_mm. Use precision.backend=emulated")
+    if device.type != "cuda":
+        raise RuntimeError(f"{where()}native NVFP4 GEMMs need {REQUIREMENT}; the tensors are on {device}. "
+                           "Use precision.backend=emulated")
+    capability = _capability(device)
+    if not NVFP4_TORCH.allows(capability):
+        raise RuntimeError(f"{where()}torch runs the NVFP4 GEMM on {NVFP4_TORCH.describe()}; this GPU is "
+                           f"{capability[0]}.{capability[1]}. Use precision.backend=emulated")
+
+
+def check_operand(spec: OperandSpec, where: str = "") -> None:
+    """ValueError (prefixed by ``where``) unless the operand is NVFP4 with E4M3 block scales."""
+    if spec.fmt != "nvfp4":
+        raise ValueError(f"{where}the native NVFP4 layer multiplies nvfp4 operands (E2M1 codes, E4M3 block scales, "
+                         f"the block scales cuBLASLt takes), not {spec.fmt}; use precision.backend=emulated")
+
+
+def check_spec(spec: LinearSpec, name: str = "") -> None:
+    """Raise ValueError naming the layer, GEMM and operand unless every quantized GEMM runs natively."""
+    labels = {"fprop": ("X", "W"), "dgrad": ("dY", "W^T"), "wgrad": ("dY^T", "X^T")}
+    for gemm in GEMMS:
+        gemm_spec: Optional[GemmSpec] = getattr(spec, gemm)
+        if gemm_spec is None:
+            continue
+        for operand, label in zip((gemm_spec.a, gemm_spec.b), labels[gemm]):
+            check_operand(operand, f"layer {name!r} ({gemm.capitalize()} {label}, {operand.describe()}): ")
+
+
+# ----------------------------------------------------------------------------------------------
+# Packing and the scale layout
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 E2M1 codes [rows, cols] (any strides) -> [rows, cols / 2] uint8, row-major, element 2j in the
+    low nibble and 2j + 1 in the high one: the bytes of torch.float4_e2m1fn_x2."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack_codes: an even number of columns is needed, got {list(codes.shape)}")
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+
+
+def unpack_codes(data: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack_codes``: [rows, bytes] uint8 -> [rows, 2 * bytes] codes."""
+    return torch.stack((data & 15, data >> 4), dim=-1).reshape(data.shape[0], -1)
+
+
+def _scale_tiles(rows: int, cols: int) -> Tuple[int, int]:
+    return -(-rows // SCALE_TILE_ROWS), -(-cols // SCALE_TILE_COLUMNS)
+
+
+def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Block scales [rows, cols] (one byte each) -> one vector in cuBLAS's 128x4 tile layout, zero-padded.
+
+    Row r = 128 t + 32 a + b and column c = 4 u + v land at 512 (t * tiles_per_row + u) + 16 b + 4 a + v:
+    the view [t, a, b, u, v] read in the order [t, u, b, a, v]."""
+    rows, cols = scales.shape
+    row_tiles, col_tiles = _scale_tiles(rows, cols)
+    padded = F.pad(scales, (0, col_tiles * SCALE_TILE_COLUMNS - cols, 0, row_tiles * SCALE_TILE_ROWS - rows))
+    return padded.reshape(row_tiles, 4, 32, col_tiles, SCALE_TILE_COLUMNS).permute(0, 3, 2, 1, 4).reshape(-1)
+
+
+def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The inverse of ``swizzle_scales``: the [rows, cols] scales back from the tile layout."""
+    row_tiles, col_tiles = _scale_tiles(rows, cols)
+    tiles = swizzled.reshape(row_tiles, col_tiles, 32, 4, SCALE_TILE_COLUMNS).permute(0, 3, 2, 1, 4)
+    return tiles.reshape(row_tiles * SCALE_TILE_ROWS, col_tiles * SCALE_TILE_COLUMNS)[:rows, :cols]
+
+
+@dataclass
+class Nvfp4Operand:
+    """One GEMM operand [rows, reduction] as torch's NVFP4 scaled matmul takes it (module docstring).
+
+    data: packed codes, uint8 [rows, padded reduction / 2], row-major; scale: the E4M3 block scales'
+    bytes in the swizzled layout (uint8, flat); decode: S_dec, fp32, 0-dim; reduction: before padding.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    decode: torch.Tensor
+    reduction: int
+
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
+
+    def codes(self) -> torch.Tensor:
+        """uint8 E2M1 codes [rows, reduction]."""
+        return unpack_codes(self.data)[:, : self.reduction]
+
+    def block_scales(self) -> torch.Tensor:
+        """float8_e4m3fn [rows, reduction / 16] (the padding dropped)."""
+        padded_blocks = 2 * self.data.shape[1] // BLOCK
+        return unswizzle_scales(self.scale, self.rows, padded_blocks)[:, : self.reduction // BLOCK].view(
+            torch.float8_e4m3fn)
+
+    def scaled_values(self) -> torch.Tensor:
+        """q * s_b in fp32 [rows, reduction] (exact): what the tensor cores multiply."""
+        grid = torch.tensor(formats.E2M1_GRID, dtype=torch.float32, device=self.data.device)
+        codes = self.codes()
+        values = torch.where((codes & 8) != 0, -grid[(codes & 7).long()], grid[(codes & 7).long()])
+        return values * self.block_scales().float().repeat_interleave(BLOCK, dim=1)
+
+    def dequantize(self) -> torch.Tensor:
+        """(q * s_b) * S_dec in fp32 [rows, reduction], QuantizedTensor.dequantize's order."""
+        return self.scaled_values() * self.decode
+
+
+@dataclass
+class Nvfp4Codes:
+    """A quantized operand [rows, reduction] as the quantizers give it: uint8 codes, one an element (a view:
+    a transposed operand keeps its storage's order), E4M3 block-scale bytes [rows / tile_rows, reduction /
+    16], the decode scale (one fp32 element); ``tile_rows`` 16 for 16x16 tiles, else 1."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    decode: torch.Tensor
+    tile_rows: int = 1
+
+    def t(self) -> "Nvfp4Codes":
+        """The transposed operand: a 16x16 tile is a tile of the transpose, with the same scale."""
+        if self.tile_rows != BLOCK:
+            raise ValueError("only 16x16 tiles transpose: a 1x16 block is not a block of the transpose")
+        return Nvfp4Codes(self.codes.t(), self.scales.t(), self.decode, BLOCK)
+
+    def operand(self) -> Nvfp4Operand:
+        """Packed, padded to a multiple of 32 along the reduction, scales per 1x16 block, swizzled."""
+        reduction = self.codes.shape[1]
+        scales = self.scales if self.tile_rows == 1 else self.scales.repeat_interleave(BLOCK, dim=0)
+        data = pack_codes(self.codes)
+        pad = -reduction % REDUCTION_MULTIPLE
+        if pad:  # zero codes under a zero scale: exact zeros in every sum
+            data = F.pad(data, (0, pad // 2))
+            scales = F.pad(scales, (0, pad // BLOCK))
+        return Nvfp4Operand(data, swizzle_scales(scales), self.decode.reshape(()), reduction)
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantization: the emulated layer's quantizers, with the codes kept
+
+
+def _kernel_module(tensor: torch.Tensor, spec: OperandSpec, transpose: bool):
+    """The kernel module that quantizes ``tensor.t() if transpose else tensor``, or None: QuantLinear's rule
+    (the registry's kernel for the format, a CUDA tensor, Triton switched on, the operand supported)."""
+    family = quantize_kernel(spec.fmt)
+    if family is None or not tensor.is_cuda:
+        return None
+    from models.quant import kernels  # imported here: no Triton import on CPU-only runs
+
+    module = getattr(kernels, family)
+    return module if module.operand_supported(tensor, spec, transpose) else None
+
+
+def shared_scales(tensor: torch.Tensor, rows: Optional[OperandSpec], columns: Optional[OperandSpec]):
+    """The global scales of a tensor quantized along rows and (with the RHT) along columns, from one read by
+    the kernels (``kernels.nvfp4.shared_scales``), or None; the outputs are the same either way."""
+    if rows is None or columns is None or _kernel_module(tensor, rows, False) is None:
+        return None
+    from models.quant import kernels
+
+    return getattr(kernels, quantize_kernel(rows.fmt)).shared_scales(tensor, rows, columns)
+
+
+def kernel_codes(module, tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool, seed, generator,
+                 scales: Optional[torch.Tensor], name: str) -> Nvfp4Codes:
+    """The operand quantized by the kernels' calls ``kernels.nvfp4.quantize_operand`` makes, codes written."""
+    common = dict(stochastic=spec.rounding == "stochastic", seed=seed, generator=generator, out_dtype=torch.bfloat16,
+                  write_codes=True, name=name, four_over_six=spec.four_over_six, fmt=spec.fmt)
+    if transpose and spec.tile == (1, BLOCK):  # 16x1 blocks down x's columns, written in x's layout
+        out = module.quantize_columns(tensor, rht=spec.rht, global_scales=scales, **common)
+        return Nvfp4Codes(out.codes.t(), out.block_scales.view(torch.uint8).t(), out.decode_scale)
+    two_d = spec.tile == (BLOCK, BLOCK)
+    out = module.quantize_rows(tensor, two_d=two_d, amax=None if scales is None else scales[2:], **common)
+    codes = Nvfp4Codes(out.codes, out.block_scales.view(torch.uint8), out.decode_scale, BLOCK if two_d else 1)
+    return codes.t() if transpose else codes  # a 16x16 tiling of the tensor itself, transposed
+
+
+def reference_codes(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool, generator=None, name: str,
+                    amax_group=None) -> Nvfp4Codes:
+    """The operand quantized by the torch reference (``formats.quantize``) as QuantLinear's torch path does:
+    a transposed operand as a view, the RHT first, Four Over Six's square tiles chosen on the tensor and then
+    transposed, and with ``amax_group`` the group's amax (``with_amax_rows``)."""
+    tile_then_transpose = transpose and spec.four_over_six is not None and spec.transpose_invariant
+    matrix = tensor.t() if transpose and not tile_then_transpose else tensor
+    if spec.rht:
+        matrix = rht(matrix, name=name)
+    rows = matrix.shape[0]
+    if amax_group is not None:  # the group's amax (of the transformed values, as the format takes it)
+        matrix = with_amax_rows(matrix, group_amax(matrix, amax_group), spec.tile[0])
+    quantized = formats.quantize(matrix, spec.fmt, tile=spec.tile, rounding=spec.rounding, generator=generator,
+                                 name=name, four_over_six=spec.four_over_six)
+    tile_rows = spec.tile[0]
+    codes = Nvfp4Codes(quantized.codes[:rows], quantized.block_scales.view(torch.uint8)[: rows // tile_rows],
+                       quantized.tensor_scale, tile_rows)
+    return codes.t() if tile_then_transpose else codes
+
+
+def quantize_operand(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool, rng: RoundingRng = None,
+                     name: str, scales: Optional[torch.Tensor] = None,
+                     amax: Optional[AmaxReduction] = None) -> Nvfp4Codes:
+    """``tensor.t() if transpose else tensor`` quantized as ``linear._quantize_operand`` quantizes it.
+
+    ``name`` ('Fprop X', ...) labels errors and offsets the seed; ``rng``: the layer's generator or seed
+    tensor; ``scales``: ``shared_scales`` of the tensor; ``amax``: the tensor-parallel amax reduction.
+    """
+    seeded = spec.rounding == "stochastic" and isinstance(rng, torch.Tensor)
+    generator = rng if isinstance(rng, torch.Generator) else None
+    reduce_amax = amax is not None and amax.applies(name, spec.fmt)
+    module = None if reduce_amax else _kernel_module(tensor, spec, transpose)
+    if module is not None:
+        return kernel_codes(module, tensor, spec, transpose=transpose, seed=operand_seed(rng, name) if seeded else None,
+                            generator=generator, scales=scales, name=name)
+    if seeded:
+        generator = operand_generator(rng, name)
+    return reference_codes(tensor, spec, transpose=transpose, generator=generator, name=name,
+                           amax_group=amax.group if reduce_amax else None)
+
+
+def _reduced(amax: Optional[AmaxReduction], *names: str) -> bool:
+    """Whether the tensor-parallel amax reduction names any of these operands (no shared scales then)."""
+    return amax is not None and any(name in amax.operands for name in names)
+
+
+# ----------------------------------------------------------------------------------------------
+# The GEMM
+
+
+def nvfp4_gemm(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype) -> torch.Tensor:
+    """a [m, R] times b [n, R]^T -> [m, n] in out_dtype: one native NVFP4 GEMM with both tensor scales."""
+    if a.data.shape[1] != b.data.shape[1]:
+        raise ValueError(f"nvfp4_gemm: reduction dims differ: a {list(a.data.shape)}, b {list(b.data.shape)} (packed)")
+    # Eager calls skip the custom op's dispatch; compiled ones need it.
+    gemm = scaled_gemm if torch.compiler.is_compiling() else _torch_scaled_gemm
+    return gemm(a.data, b.data, a.scale, b.scale, a.decode, b.decode, out_dtype)
+
+
+_EXACT_STRIDES = getattr(torch._C.Tag, "needs_exact_strides", torch._C.Tag.needs_fixed_stride_order)
+
+
+def _torch_scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                       decode_a: torch.Tensor, decode_b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """a [m, R/2] times b [n, R/2]^T (packed uint8, row-major) -> [m, n]: torch's two-level NVFP4 GEMM."""
+    fp4, e4m3 = torch.float4_e2m1fn_x2, torch.float8_e4m3fn
+    recipe = [_member("block"), _member("tensor")]
+    swizzle = [_member("swizzled"), _member("plain")]
+    return F.scaled_mm(a.view(fp4), b.view(fp4).t(), [scale_a.view(e4m3), decode_a], recipe,
+                       [scale_b.view(e4m3), decode_b], recipe, swizzle_a=swizzle, swizzle_b=swizzle,
+                       output_dtype=out_dtype)
+
+
+@torch.library.custom_op("hybrid_quant::nvfp4_scaled_gemm", mutates_args=(), tags=(_EXACT_STRIDES,))
+def scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                decode_a: torch.Tensor, decode_b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``_torch_scaled_gemm`` as one op that torch.compile records without looking inside."""
+    return _torch_scaled_gemm(a, b, scale_a, scale_b, decode_a, decode_b, out_dtype)
+
+
+@scaled_gemm.register_fake
+def _scaled_gemm_fake(a, b, scale_a, scale_b, decode_a, decode_b, out_dtype):
+    """On fake tensors torch's own meta function runs: it checks the operand and scale layouts and gives the
+    output's shape and strides. Its message prints no strides; this one does."""
+    try:
+        return _torch_scaled_gemm(a, b, scale_a, scale_b, decode_a, decode_b, out_dtype)
+    except RuntimeError as error:
+        if type(error) is not RuntimeError:  # fake-tensor and Dynamo subclasses keep their type
+            raise
+        layouts = ", ".join(f"{label} {tuple(t.shape)} strides {t.stride()} {t.dtype}" for label, t in
+                            (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)))
+        raise RuntimeError(f"nvfp4_scaled_gemm traced with {layouts}: {error}") from error
+
+
+# ----------------------------------------------------------------------------------------------
+# The layer
+
+
+class _TorchNvfp4LinearFunction(torch.autograd.Function):
+    """Y = X W^T with the quantized GEMMs native; high-precision GEMMs as the emulated path runs them."""
+
+    @staticmethod
+    def forward(ctx, x, weight, spec: LinearSpec, rng: RoundingRng, compute_dtype: torch.dtype, grad_enabled: bool,
+                amax: Optional[AmaxReduction] = None):
+        x2 = x.reshape(-1, x.shape[-1])  # [T, K]
+        needs_dgrad = grad_enabled and ctx.needs_input_grad[0]
+        needs_wgrad = grad_enabled and ctx.needs_input_grad[1]
+        dgrad = spec.dgrad if needs_dgrad else None
+        wgrad = spec.wgrad if needs_wgrad else None
+        # Autocast is off here (QuantizedLinear.forward); no context of its own (fp8_torch says why).
+        # X's global scales for Fprop and Wgrad from one read, when the kernels take both.
+        x_scales = None
+        if spec.fprop is not None and wgrad is not None and not _reduced(amax, "Fprop X", "Wgrad X^T"):
+            x_scales = shared_scales(x2, spec.fprop.a, wgrad.b)
+        w_codes = None
+        if spec.fprop is None:
+            out = high_precision_gemm(x2, weight, compute_dtype)
+        else:
+            x_op = quantize_operand(x2, spec.fprop.a, transpose=False, rng=rng, name="Fprop X", scales=x_scales,
+                                    amax=amax).operand()
+            w_codes = quantize_operand(weight, spec.fprop.b, transpose=False, rng=rng, name="Fprop W", amax=amax)
+            out = nvfp4_gemm(x_op, w_codes.operand(), compute_dtype)
+        w_t_op = x_t_op = None
+        if dgrad is not None:  # W^T [K, N]: Fprop's 16x16 codes transposed, or W quantized along N
+            w_t_codes = (w_codes.t() if spec.reuses_forward_weight else
+                         quantize_operand(weight, dgrad.b, transpose=True, rng=rng, name="Dgrad W^T", amax=amax))
+            w_t_op = w_t_codes.operand()
+        if wgrad is not None:  # X^T [K, T] along tokens (RNE: no draws, so the forward can take it)
+            x_t_op = quantize_operand(x2, wgrad.b, transpose=True, rng=rng, name="Wgrad X^T", scales=x_scales,
+                                      amax=amax).operand()
+        ctx.spec, ctx.compute_dtype, ctx.amax = spec, compute_dtype, amax
+        ctx.seed_saved = isinstance(rng, torch.Tensor)  # a seed tensor is saved (compile traces it)
+        ctx.generator = None if ctx.seed_saved else rng
+        ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x.shape, x.dtype, weight.dtype
+        ctx.needs = (needs_dgrad, needs_wgrad)
+        ctx.save_for_backward(
+            x2 if needs_wgrad and wgrad is None else None,
+            weight if needs_dgrad and dgrad is None else None,
+            *((w_t_op.data, w_t_op.scale, w_t_op.decode) if w_t_op is not None else (None,) * 3),
+            *((x_t_op.data, x_t_op.scale, x_t_op.decode) if x_t_op is not None else (None,) * 3),
+            rng if ctx.seed_saved else None,
+        )
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x2, weight, w_t_data, w_t_scale, w_t_decode, x_t_data, x_t_scale, x_t_decode, seed = ctx.saved_tensors
+        spec: LinearSpec = ctx.spec
+        compute_dtype, amax = ctx.compute_dtype, ctx.amax
+        rng = seed if ctx.seed_saved else ctx.generator
+        needs_dgrad, needs_wgrad = ctx.needs
+        dgrad = spec.dgrad if needs_dgrad else None
+        wgrad = spec.wgrad if needs_wgrad else None
+        dy = grad_output.reshape(-1, grad_output.shape[-1])  # [T, N]
+        grad_x = grad_weight = None
+        # The backward may run under the caller's autocast (torch.compile traces it under the forward's): the
+        # GEMM is an opaque op, high_precision_gemm switches autocast off, the quantizers choose their dtypes.
+        dy_scales = None
+        if dgrad is not None and wgrad is not None and not _reduced(amax, "Dgrad dY", "Wgrad dY^T"):
+            dy_scales = shared_scales(dy, dgrad.a, wgrad.a)
+        if needs_dgrad:  # dY's draws first, then dY^T's: the emulated layer's order
+            if dgrad is None:
+                grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
+            else:
+                dy_op = quantize_operand(dy, dgrad.a, transpose=False, rng=rng, name="Dgrad dY", scales=dy_scales,
+                                         amax=amax).operand()
+                grad_x = nvfp4_gemm(dy_op, Nvfp4Operand(w_t_data, w_t_scale, w_t_decode, dy.shape[1]), compute_dtype)
+            grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
+        if needs_wgrad:
+            if wgrad is None:
+                grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
+            else:
+                dy_t_op = quantize_operand(dy, wgrad.a, transpose=True, rng=rng, name="Wgrad dY^T", scales=dy_scales,
+                                           amax=amax).operand()
+                grad_weight = nvfp4_gemm(dy_t_op, Nvfp4Operand(x_t_data, x_t_scale, x_t_decode, dy.shape[0]),
+                                         compute_dtype)
+            grad_weight = grad_weight.to(ctx.weight_dtype)
+        return grad_x, grad_weight, None, None, None, None, None
+
+
+class TorchNvfp4Linear(QuantizedLinear):
+    """The native NVFP4 backend: quantized GEMMs as NVFP4 GEMMs (same parameters and state-dict keys).
+
+    ``spec`` is the emulated path's LinearSpec (``nvfp4_linear_spec``, Four Over Six included; its ``backend``
+    field is not read), checked on assignment (``check_spec``); a GEMM set to None runs in the compute dtype.
+    Stochastic rounding draws as ``QuantLinear`` draws (``rounding_rng``).
+    """
+
+    def default_spec(self) -> LinearSpec:
+        return nvfp4_linear_spec()
+
+    @property
+    def spec(self) -> LinearSpec:
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: LinearSpec) -> None:
+        check_spec(spec, self.name)
+        self._spec = spec
+
+    def gemms_to_check(self, x: torch.Tensor) -> LinearSpec:
+        """The GEMMs that will run: Dgrad and Wgrad only when their gradients are wanted."""
+        grad_enabled = torch.is_grad_enabled()
+        spec = self.spec
+        return LinearSpec(
+            fprop=spec.fprop,
+            dgrad=spec.dgrad if grad_enabled and x.requires_grad else None,
+            wgrad=spec.wgrad if grad_enabled and self.weight.requires_grad else None,
+        )
+
+    def check_input(self, x: torch.Tensor) -> None:
+        super().check_input(x)
+        # torch's scaled_mm takes B's rows, the output's columns, in multiples of 16 (the reduction is padded).
+        in_features, out_features = self.local_features()
+        columns = {"fprop": ("out_features", out_features), "dgrad": ("in_features", in_features),
+                   "wgrad": ("in_features", in_features)}
+        running = self.gemms_to_check(x)
+        for gemm in GEMMS:
+            dim_name, size = columns[gemm]
+            if getattr(running, gemm) is not None and size % BLOCK:
+                raise ValueError(f"layer {self.name!r} ({gemm.capitalize()}, nvfp4): {dim_name} {size} is not a "
+                                 "multiple of 16, which torch's scaled_mm needs of the output's columns; nothing is "
+                                 "padded")
+
+    def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+        # Traceable by Dynamo inside compiled blocks: the kernels trace as in QuantLinear, the GEMM is an op.
+        check_native_support(x.device, self.name)
+        return _TorchNvfp4LinearFunction.apply(x, local_tensor(self.weight), self.spec, self.rounding_rng(),
+                                               compute_dtype, torch.is_grad_enabled(), self.amax_reduction)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, native NVFP4"

@@ -1,0 +1,66 @@
+"""The native NVFP4 layer under tensor parallelism (two gloo ranks on the CPU): each rank's quantized operands,
+taken with the group's amax, are the slices of the unsharded layer's operands (codes, block scales and decode
+scale), as the emulated layer's are (test_tensor_parallel.py). The GEMM itself needs a Blackwell GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from test_tensor_parallel import run_ranks
+
+
+def _operands_worker(rank: int, world: int) -> None:
+    from models.quant import nvfp4_torch
+    from models.quant.gemm_spec import OperandSpec
+    from models.quant.quantized_linear import TP_AMAX_OPERANDS, AmaxReduction
+
+    group = dist.group.WORLD
+    generator = torch.Generator().manual_seed(5)
+    x, weight, dy = (torch.randn(shape, generator=generator) for shape in ((48, 64), (64, 64), (48, 64)))
+    # The maxima sit in rank 1's shards (output row 50, input column 40): rank 0's own amax is smaller.
+    weight[50, 40], x[:, 40], dy[:, 50] = 9.0, 7.0, 5.0
+    share = slice(rank * 32, (rank + 1) * 32)
+    blocks = slice(share.start // 16, share.stop // 16)
+    tile, vector = OperandSpec("nvfp4", (16, 16)), OperandSpec("nvfp4", (1, 16))
+    along_tokens = OperandSpec("nvfp4", (1, 16), rht=True)
+    reductions = {role: AmaxReduction(group, TP_AMAX_OPERANDS[role]) for role in TP_AMAX_OPERANDS}
+
+    def operand(tensor, spec, transpose, name, role=None):
+        amax = reductions[role] if role else None
+        return nvfp4_torch.quantize_operand(tensor, spec, transpose=transpose, name=name, amax=amax).operand()
+
+    def assert_slice(mine, whole, rows, columns, what):
+        columns_of_scales = columns if columns == slice(None) else blocks
+        assert torch.equal(mine.codes(), whole.codes()[rows, columns]), f"{what}: codes"
+        assert torch.equal(mine.block_scales().view(torch.uint8),
+                           whole.block_scales().view(torch.uint8)[rows, columns_of_scales]), f"{what}: scales"
+        assert torch.equal(mine.decode, whole.decode), f"{what}: decode scale"
+
+    everything = slice(None)
+    # Column-parallel: W [N/tp, K] and the output's gradient dY [T, N/tp] are the rank's.
+    for spec in (tile, vector):
+        assert_slice(operand(weight[share], spec, False, "Fprop W", "column"), operand(weight, spec, False, "Fprop W"),
+                     share, everything, f"column Fprop W {spec.describe()}")
+    assert_slice(operand(weight[share], vector, True, "Dgrad W^T", "column"),
+                 operand(weight, vector, True, "Dgrad W^T"), everything, share, "column Dgrad W^T (1x16 along N)")
+    assert_slice(operand(dy[:, share], vector, False, "Dgrad dY", "column"), operand(dy, vector, False, "Dgrad dY"),
+                 everything, share, "column Dgrad dY")
+    assert_slice(operand(dy[:, share], along_tokens, True, "Wgrad dY^T", "column"),
+                 operand(dy, along_tokens, True, "Wgrad dY^T"), share, everything, "column Wgrad dY^T")
+    # Row-parallel: W [N, K/tp] and the input X [T, K/tp] are the rank's.
+    assert_slice(operand(x[:, share], vector, False, "Fprop X", "row"), operand(x, vector, False, "Fprop X"),
+                 everything, share, "row Fprop X")
+    assert_slice(operand(weight[:, share], tile, False, "Fprop W", "row"), operand(weight, tile, False, "Fprop W"),
+                 everything, share, "row Fprop W")
+    assert_slice(operand(x[:, share], along_tokens, True, "Wgrad X^T", "row"),
+                 operand(x, along_tokens, True, "Wgrad X^T"), share, everything, "row Wgrad X^T")
+    if rank == 0:  # the control: without the group's amax rank 0's W quantizes otherwise
+        alone = operand(weight[share], tile, False, "Fprop W")
+        assert not torch.equal(alone.decode, operand(weight, tile, False, "Fprop W").decode)
+
+
+@pytest.mark.distributed
+def test_sharded_native_nvfp4_operands_are_slices_of_the_unsharded_ones():
+    run_ranks(_operands_worker, 2)
