@@ -48,11 +48,12 @@ later, 12.x included (``format_registry.NVFP4_TORCH``). The GEMM has not run in 
 tests check operands, layouts and wiring against the emulated layer and torch's own layout helpers, and
 tests/models/quant/test_nvfp4_torch_gpu.py (skipped below 10.0) compares the GEMMs with the emulated ones.
 
-The forward quantizes X and W (Fprop), W^T (Dgrad) and X^T (Wgrad), and saves W^T's and X^T's packed codes
-and scales for the backward (about half a byte an element) instead of X; the backward quantizes dY (Dgrad)
-and dY^T (Wgrad), in the emulated layer's order. Packing, padding and the scale layout are torch ops. Not
-done here: the kernels also write the scaled values q * s_b, which nothing reads; a transposed operand is
-packed by a strided copy; W is quantized again every micro-batch.
+The forward quantizes X and W (Fprop) and keeps W's packed 16x16 codes, transposed, for Dgrad; the backward
+quantizes dY and (1x16 weights) W^T for Dgrad, dY^T and X^T for Wgrad, from X and W saved in high precision:
+the emulated layer's order of quantization and of random draws, its saved tensors, and its tensor-parallel
+amax all-reduces in the same phase (the planner counts them there). Packing, padding and the scale layout are
+torch ops. Not done here: the kernels also write the scaled values q * s_b, which nothing reads; a transposed
+operand is packed by a strided copy; W is quantized again every micro-batch.
 
 Under ``torch.compile`` the layer traces into its block's graph: the GEMM is a custom op opaque to Inductor
 (``scaled_gemm``; Dynamo cannot trace ``torch._scaled_mm_v2``), and codes and scales travel as uint8, taking
@@ -429,7 +430,7 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         x_scales = None
         if spec.fprop is not None and wgrad is not None and not _reduced(amax, "Fprop X", "Wgrad X^T"):
             x_scales = shared_scales(x2, spec.fprop.a, wgrad.b)
-        w_codes = None
+        w_t_op = None
         if spec.fprop is None:
             out = high_precision_gemm(x2, weight, compute_dtype)
         else:
@@ -437,31 +438,25 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
                                     amax=amax).operand()
             w_codes = quantize_operand(weight, spec.fprop.b, transpose=False, rng=rng, name="Fprop W", amax=amax)
             out = nvfp4_gemm(x_op, w_codes.operand(), compute_dtype)
-        w_t_op = x_t_op = None
-        if dgrad is not None:  # W^T [K, N]: Fprop's 16x16 codes transposed, or W quantized along N
-            w_t_codes = (w_codes.t() if spec.reuses_forward_weight else
-                         quantize_operand(weight, dgrad.b, transpose=True, rng=rng, name="Dgrad W^T", amax=amax))
-            w_t_op = w_t_codes.operand()
-        if wgrad is not None:  # X^T [K, T] along tokens (RNE: no draws, so the forward can take it)
-            x_t_op = quantize_operand(x2, wgrad.b, transpose=True, rng=rng, name="Wgrad X^T", scales=x_scales,
-                                      amax=amax).operand()
+            if dgrad is not None and spec.reuses_forward_weight:  # Dgrad's W^T: these 16x16 codes transposed
+                w_t_op = w_codes.t().operand()
         ctx.spec, ctx.compute_dtype, ctx.amax = spec, compute_dtype, amax
         ctx.seed_saved = isinstance(rng, torch.Tensor)  # a seed tensor is saved (compile traces it)
         ctx.generator = None if ctx.seed_saved else rng
-        ctx.x_shape, ctx.x_dtype, ctx.weight_dtype = x.shape, x.dtype, weight.dtype
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.needs = (needs_dgrad, needs_wgrad)
+        # X and W in high precision, as the emulated layer keeps them: the backward quantizes W^T (1x16 weights)
+        # and X^T there, with their amax all-reduces where the emulated layer (and the planner) has them.
         ctx.save_for_backward(
-            x2 if needs_wgrad and wgrad is None else None,
-            weight if needs_dgrad and dgrad is None else None,
+            x2 if needs_wgrad else None, weight,
             *((w_t_op.data, w_t_op.scale, w_t_op.decode) if w_t_op is not None else (None,) * 3),
-            *((x_t_op.data, x_t_op.scale, x_t_op.decode) if x_t_op is not None else (None,) * 3),
-            rng if ctx.seed_saved else None,
+            x_scales, rng if ctx.seed_saved else None,
         )
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_output):
-        x2, weight, w_t_data, w_t_scale, w_t_decode, x_t_data, x_t_scale, x_t_decode, seed = ctx.saved_tensors
+        x2, weight, w_t_data, w_t_scale, w_t_decode, x_scales, seed = ctx.saved_tensors
         spec: LinearSpec = ctx.spec
         compute_dtype, amax = ctx.compute_dtype, ctx.amax
         rng = seed if ctx.seed_saved else ctx.generator
@@ -475,13 +470,19 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         dy_scales = None
         if dgrad is not None and wgrad is not None and not _reduced(amax, "Dgrad dY", "Wgrad dY^T"):
             dy_scales = shared_scales(dy, dgrad.a, wgrad.a)
-        if needs_dgrad:  # dY's draws first, then dY^T's: the emulated layer's order
+        # The emulated layer's order of quantization (and so of draws): dY, W^T, then dY^T, X^T.
+        if needs_dgrad:
             if dgrad is None:
                 grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
             else:
                 dy_op = quantize_operand(dy, dgrad.a, transpose=False, rng=rng, name="Dgrad dY", scales=dy_scales,
                                          amax=amax).operand()
-                grad_x = nvfp4_gemm(dy_op, Nvfp4Operand(w_t_data, w_t_scale, w_t_decode, dy.shape[1]), compute_dtype)
+                if w_t_data is not None:
+                    w_t_op = Nvfp4Operand(w_t_data, w_t_scale, w_t_decode, dy.shape[1])
+                else:  # W^T [K, N] quantized along N from the high-precision W
+                    w_t_op = quantize_operand(weight, dgrad.b, transpose=True, rng=rng, name="Dgrad W^T",
+                                              amax=amax).operand()
+                grad_x = nvfp4_gemm(dy_op, w_t_op, compute_dtype)
             grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
         if needs_wgrad:
             if wgrad is None:
@@ -489,9 +490,10 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
             else:
                 dy_t_op = quantize_operand(dy, wgrad.a, transpose=True, rng=rng, name="Wgrad dY^T", scales=dy_scales,
                                            amax=amax).operand()
-                grad_weight = nvfp4_gemm(dy_t_op, Nvfp4Operand(x_t_data, x_t_scale, x_t_decode, dy.shape[0]),
-                                         compute_dtype)
-            grad_weight = grad_weight.to(ctx.weight_dtype)
+                x_t_op = quantize_operand(x2, wgrad.b, transpose=True, rng=rng, name="Wgrad X^T", scales=x_scales,
+                                          amax=amax).operand()
+                grad_weight = nvfp4_gemm(dy_t_op, x_t_op, compute_dtype)
+            grad_weight = grad_weight.to(weight.dtype)
         return grad_x, grad_weight, None, None, None, None, None
 
 

@@ -64,3 +64,44 @@ def _operands_worker(rank: int, world: int) -> None:
 @pytest.mark.distributed
 def test_sharded_native_nvfp4_operands_are_slices_of_the_unsharded_ones():
     run_ranks(_operands_worker, 2)
+
+
+def _layer_worker(rank: int, world: int) -> None:
+    """The layer sharded in each role, its GEMM computed from the packed operands, against the emulated layer
+    sharded alike: the amax reduction reaches every operand (a rank whose own amax were taken would quantize
+    otherwise, far beyond the tolerance)."""
+    import torch.nn as nn
+
+    from models.quant import nvfp4_torch
+    from models.quant.gemm_spec import nvfp4_linear_spec
+    from models.quant.linear import QuantLinear
+
+    nvfp4_torch.nvfp4_gemm = lambda a, b, out_dtype: (a.dequantize() @ b.dequantize().t()).to(out_dtype)
+    nvfp4_torch.check_native_support = lambda *args, **kwargs: None
+    group = dist.group.WORLD
+    generator = torch.Generator().manual_seed(9)
+    x, weight, dy = (torch.randn(shape, generator=generator) for shape in ((64, 64), (64, 64), (64, 64)))
+    weight[50, 40], x[:, 40], dy[:, 50] = 9.0, 7.0, 5.0  # the maxima in rank 1's shards
+    share = slice(rank * 32, (rank + 1) * 32)
+    for role, w, inputs, grads in (("column", weight[share], x, dy[:, share]),
+                                   ("row", weight[:, share], x[:, share], dy)):
+        outputs = []
+        for linear_class in (nvfp4_torch.TorchNvfp4Linear, QuantLinear):
+            layer = linear_class.from_linear(nn.Linear(w.shape[1], w.shape[0], bias=False), nvfp4_linear_spec(),
+                                             name="layer")
+            with torch.no_grad():
+                layer.weight.copy_(w)
+            layer.set_tensor_parallel(role, group, rank)
+            layer.set_seed(3, layer=1)
+            layer.set_step(2)
+            xi = inputs.clone().requires_grad_(True)
+            y = layer(xi)
+            y.backward(grads)
+            outputs.append((y.detach(), xi.grad, layer.weight.grad))
+        for name, got, want in zip(("Y", "dX", "dW"), *outputs):
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item()), f"{role} {name}"
+
+
+@pytest.mark.distributed
+def test_the_sharded_native_nvfp4_layer_is_the_sharded_emulated_layer():
+    run_ranks(_layer_worker, 2)
