@@ -57,8 +57,8 @@ local tensors, whatever FSDP2's sharding).
 Quantized linears (``QuantizedLinear.set_tensor_parallel``): column-parallel layers reduce the amax of
 W and of the output's gradient (the LM head among them), row-parallel ones of W and of the input. Each rank's share must hold whole quantization blocks
 (checked here: ValueError naming the layer and dim); a sharded layer then quantizes exactly as the
-unsharded one with round-to-nearest. Those operands take the torch quantizer on CUDA too (the Triton
-kernels take their own amax pass; models.quant.linear). Stochastic rounding mixes the tp rank into the
+unsharded one with round-to-nearest. On CUDA the NVFP4 kernels quantize them, their own amax pass over
+the shard reduced over the group first (models.quant.linear); FP8 per tensor takes the torch quantizer. Stochastic rounding mixes the tp rank into the
 seed (shards draw independently), so an SR run is not bit-identical to the unsharded one. Transformer
 Engine layers are refused. Call this on an initialized model (``init_weights`` permutes plain tensors,
 not DTensors). Tested on the CPU with gloo (tests/trainer/test_tensor_parallel*.py), compiled blocks

@@ -43,13 +43,16 @@ an error naming the layer, the GEMM, the operand and the dim. Nothing is padded.
 
 Tensor parallelism (``QuantizedLinear.set_tensor_parallel``): the GEMMs run on the local shard of the
 weight; an operand the layer's ``amax_reduction`` names, in a format with a per-tensor scale, is
-quantized with the group's amax (``quantized_linear.group_amax``, taken after the RHT when there is
-one) and so exactly as the unsharded layer quantizes that slice. Such operands take the torch
-reference on CUDA too: the kernels take their own amax pass (a kernel path would pass the reduced
-amax as their precomputed scales, not done).
+quantized with the group's amax (taken after the RHT when there is one) and so exactly as the
+unsharded layer quantizes that slice: on CUDA the kernels' own amax pass over the shard, reduced over
+the group (``quantized_linear.all_reduce_amax``), goes to the quantize kernel as its precomputed scales
+(``kernels.nvfp4.group_scales``); the torch reference (``quantized_linear.group_amax``) takes the rest
+(the CPU, FP8 per tensor, NVFP4 columns without the RHT).
 """
 
 from __future__ import annotations
+
+import functools
 
 import zlib
 from dataclasses import dataclass
@@ -62,8 +65,8 @@ from models.quant import formats
 from models.quant.bf16_rounding import round_to_bf16_by_bits
 from models.quant.format_registry import quantize_kernel
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec
-from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, group_amax, high_precision_gemm,
-                                           with_amax_rows)
+from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, all_reduce_amax, group_amax,
+                                           high_precision_gemm, with_amax_rows)
 from models.quant.rht import rht
 
 # ----------------------------------------------------------------------------------------------
@@ -118,6 +121,16 @@ def _shared_scales(tensor: torch.Tensor, rows_spec: Optional[OperandSpec],
     if family is None or _kernel_family(tensor, columns_spec) is not family:
         return None
     return family.shared_scales(tensor, rows_spec, columns_spec)
+
+
+def _group_scales(family, tensor: torch.Tensor, spec: OperandSpec, transpose: bool,
+                  amax: AmaxReduction) -> Optional[torch.Tensor]:
+    """The kernels' ``scales`` for an operand whose per-tensor amax is the tensor-parallel group's
+    (``family.group_scales``), or None where the family takes none: the torch reference then quantizes it."""
+    group_scales = getattr(family, "group_scales", None)
+    if group_scales is None:
+        return None
+    return group_scales(tensor, spec, transpose, functools.partial(all_reduce_amax, group=amax.group))
 
 
 def _scaled_values_exact(spec: OperandSpec, compute_dtype: torch.dtype) -> bool:
@@ -175,7 +188,10 @@ def _quantize_operand(
     seeded = spec.rounding == "stochastic" and isinstance(rng, torch.Tensor)
     generator = rng if isinstance(rng, torch.Generator) else None
     reduce_amax = amax is not None and amax.applies(name, spec.fmt)
-    family = None if reduce_amax else _use_kernel(tensor, spec, transpose)
+    family = _use_kernel(tensor, spec, transpose)
+    if reduce_amax and family is not None:  # the kernels' own amax pass, reduced over the group
+        shared_scales = _group_scales(family, tensor, spec, transpose, amax)
+        family = family if shared_scales is not None else None
     if family is not None:
         seed = operand_seed(rng, name) if seeded else None
         values, decode = family.quantize_operand(tensor, spec, transpose=transpose, seed=seed, generator=generator,

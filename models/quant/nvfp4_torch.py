@@ -60,8 +60,9 @@ Under ``torch.compile`` the layer traces into its block's graph: the GEMM is a c
 their FP4 / FP8 dtypes inside the op only.
 
 Tensor parallelism (``QuantizedLinear.set_tensor_parallel``): the GEMMs take the weight's local shard; an
-operand the layer's ``amax_reduction`` names takes the group's amax (``quantized_linear.group_amax``) through
-the torch reference, as in the emulated layer, so a sharded layer's codes are the unsharded layer's.
+operand the layer's ``amax_reduction`` names takes the group's amax, as in the emulated layer (the kernels' own
+amax pass over the shard reduced over the group, ``kernels.nvfp4.group_scales``; the torch reference where the
+kernels do not run), so a sharded layer's codes are the unsharded layer's.
 
 Sources: TE ``core_nvfp4.cuh`` (the quantization); PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp``,
 ``torch/_meta_registrations.py``, ``test/test_scaled_matmul_cuda.py``,
@@ -70,6 +71,7 @@ Sources: TE ``core_nvfp4.cuh`` (the quantization); PyTorch ``aten/src/ATen/nativ
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -82,8 +84,8 @@ from models.quant.element_formats import GEMMS
 from models.quant.format_registry import NVFP4_TORCH, quantize_kernel
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, nvfp4_linear_spec
 from models.quant.linear import RoundingRng, operand_generator, operand_seed
-from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, group_amax, high_precision_gemm,
-                                           with_amax_rows)
+from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, all_reduce_amax, group_amax,
+                                           high_precision_gemm, with_amax_rows)
 from models.quant.rht import rht
 
 BLOCK = 16
@@ -347,7 +349,10 @@ def quantize_operand(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool
     seeded = spec.rounding == "stochastic" and isinstance(rng, torch.Tensor)
     generator = rng if isinstance(rng, torch.Generator) else None
     reduce_amax = amax is not None and amax.applies(name, spec.fmt)
-    module = None if reduce_amax else _kernel_module(tensor, spec, transpose)
+    module = _kernel_module(tensor, spec, transpose)
+    if reduce_amax and module is not None:  # the kernels' own amax pass, reduced over the group
+        scales = module.group_scales(tensor, spec, transpose, functools.partial(all_reduce_amax, group=amax.group))
+        module = module if scales is not None else None
     if module is not None:
         return kernel_codes(module, tensor, spec, transpose=transpose, seed=operand_seed(rng, name) if seeded else None,
                             generator=generator, scales=scales, name=name)

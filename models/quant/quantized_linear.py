@@ -115,13 +115,18 @@ class AmaxReduction:
 
 
 def group_amax(tensor: torch.Tensor, group) -> torch.Tensor:
-    """max |tensor| over every rank of ``group`` (fp32 [1]): where a sharded operand's per-tensor amax
-    is reduced (MAX), the one place. A NaN counts as +Inf (a max may drop NaN), so a non-finite value on
-    any rank makes every rank's decode scale NaN, as the unsharded tensor's would be."""
+    """max |tensor| over every rank of ``group`` (fp32 [1]), from this rank's values (the torch path)."""
+    return all_reduce_amax(torch.linalg.vector_norm(tensor, float("inf"), dtype=torch.float32).reshape(1), group)
+
+
+def all_reduce_amax(amax: torch.Tensor, group) -> torch.Tensor:
+    """The max over every rank of ``group`` of each rank's fp32 [1] amax: where a sharded operand's per-tensor
+    amax is reduced (MAX), the one place (the torch path's ``group_amax`` and the kernels' own amax passes). A
+    NaN counts as +Inf (a max may drop NaN), so a non-finite value on any rank makes every rank's decode scale
+    NaN, as the unsharded tensor's would be."""
     import torch.distributed._functional_collectives as funcol
 
-    amax = torch.linalg.vector_norm(tensor, float("inf"), dtype=torch.float32).reshape(1)
-    amax = torch.nan_to_num(amax, nan=float("inf"), posinf=float("inf"))
+    amax = torch.nan_to_num(amax.float(), nan=float("inf"), posinf=float("inf"))
     return funcol.wait_tensor(funcol.all_reduce(amax, "max", group))
 
 

@@ -43,7 +43,7 @@ operand whose format names this module (``FormatSpec.quantize_kernel``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -51,7 +51,8 @@ from models.quant.formats import QuantizedTensor, quantize
 from models.quant.formats.elements import ue5m3_codes
 from models.quant.formats.nvfp4 import SCALE_BOUNDS
 from models.quant.kernels.fp4_common import KERNEL_INPUT_DTYPES
-from models.quant.kernels.nvfp4_amax import rht_global_scales, rows_and_rht_columns_scales, tensor_amax, ue5m3_scales
+from models.quant.kernels.nvfp4_amax import (global_scales_from_amax, rht_global_scales, rows_and_rht_columns_scales,
+                                              tensor_amax, ue5m3_scales)
 from models.quant.kernels.nvfp4_four_over_six import four_over_six_code
 from models.quant.kernels.options import NVFP4_OPTIONS, Nvfp4Options
 from models.quant.kernels.triton_common import (
@@ -529,6 +530,23 @@ def shared_scales(tensor: torch.Tensor, rows_spec, columns_spec) -> Optional[tor
         return None
     return rows_and_rht_columns_scales(tensor, four_over_six=columns_spec.four_over_six is not None,
                                        fmt=columns_spec.fmt)
+
+
+def group_scales(tensor: torch.Tensor, spec, transpose: bool,
+                 reduce_amax: Callable[[torch.Tensor], torch.Tensor]) -> Optional[torch.Tensor]:
+    """The ``scales`` argument of ``quantize_operand`` for a tensor-parallel shard whose per-tensor scale is
+    the group's: this shard's amax from the kernels' own pass (of the RHT'd values for Wgrad's columns), made
+    the group's by ``reduce_amax`` (fp32 [1] -> the max over the group, ``quantized_linear.all_reduce_amax``),
+    so the shard quantizes as its slice of the whole tensor does. None where the kernels take no given scales
+    (columns without the RHT): the torch reference then. The operand must be one ``operand_supported`` takes."""
+    four_over_six = spec.four_over_six is not None
+    if transpose and spec.tile == (1, 16):
+        if not spec.rht:
+            return None
+        local = rht_global_scales(tensor, four_over_six=four_over_six, fmt=spec.fmt)[3:4]
+        return global_scales_from_amax(reduce_amax(local), four_over_six=four_over_six, fmt=spec.fmt)
+    amax = reduce_amax(tensor_amax(tensor.contiguous()))  # rows, or a 16x16 tiling of the tensor itself
+    return torch.cat([amax.new_zeros(2), amax, amax])  # quantize_operand passes element 2 on as the amax
 
 
 def quantize_operand(tensor: torch.Tensor, spec, *, transpose: bool, seed: Optional[torch.Tensor],

@@ -207,6 +207,18 @@ def rht_global_scales(x: torch.Tensor, *, plain_amax: bool = False, four_over_si
     return global_scales
 
 
+def global_scales_from_amax(amax: torch.Tensor, *, four_over_six: bool = False, fmt: str = "nvfp4") -> torch.Tensor:
+    """[S_enc, S_dec, unset, amax] (fp32 [4]) from an fp32 [1] amax already taken (a tensor-parallel group's):
+    ``rht_global_scales``' finalize launch on that one value, so the scales are the ones the kernels derive
+    from the whole tensor's amax, bit for bit."""
+    global_scales = torch.empty(4, dtype=torch.float32, device=amax.device)
+    _finalize_scales_kernel[(1,)](
+        amax.float().contiguous(), 1, global_scales, PARTIALS_POW2=32, PLAIN_AMAX=False, FOUR_OVER_SIX=four_over_six,
+        UE5M3=ue5m3_scales(fmt), num_warps=4, enable_fp_fusion=False,
+    )
+    return global_scales
+
+
 def rows_and_rht_columns_scales(x: torch.Tensor, *, name: Optional[str] = None, four_over_six: bool = False,
                                 fmt: str = "nvfp4", options: Nvfp4Options = NVFP4_OPTIONS) -> torch.Tensor:
     """``rht_global_scales(x, plain_amax=True)`` with the input checks: [S_enc, S_dec] of the RHT

@@ -124,6 +124,54 @@ def check_shared_scales_of_both_orientations() -> None:
         assert nvfp4.quantize_columns(x, rht=True, global_scales=scales).decode_scale.isnan().all(), what
 
 
+def check_tensor_parallel_shards_quantize_as_the_whole() -> None:
+    """A tensor-parallel shard through the kernels with the group's amax (nvfp4.group_scales: the shard's own
+    amax pass, its RHT amax for Wgrad's columns, made the group's by a reduction, here the max over the two
+    shards' amaxes as the all-reduce takes it) quantizes to its slice of the whole tensor's values and decode
+    scale, bit for bit, in every orientation a sharded operand takes and in every NVFP4 variant; a NaN in
+    one shard makes both shards' decode scales NaN."""
+    from models.quant.gemm_spec import OperandSpec
+
+    # (tile, rht, transpose, the dim of x that is split): W / dY rows split by rows or by the reduction, W's
+    # 16x16 tiles and their transpose, X^T / dY^T along tokens with the RHT, split along the features.
+    cases = [((1, 16), False, False, 0), ((1, 16), False, False, 1), ((16, 16), False, False, 0),
+             ((16, 16), False, False, 1), ((16, 16), False, True, 1), ((1, 16), True, True, 1)]
+    for (tile, rht_on, transpose, dim), (fmt, four_over_six) in itertools.product(
+            cases, [("nvfp4", None), ("nvfp4", "mse"), ("nvfp4_ue5m3", None)]):
+        spec = OperandSpec(fmt, tile, rht=rht_on, four_over_six=four_over_six)
+        what = f"tp shard {spec.describe()} transpose={transpose} split dim {dim}"
+        x = oracle.fresh_input(64, 96, 5.0, torch.float32).to(torch.bfloat16)
+        quantize = dict(spec=spec, transpose=transpose, seed=None, generator=None, out_dtype=torch.float32, name="X")
+        whole, whole_decode = nvfp4.quantize_operand(x, scales=None, **quantize)
+        shards = x.split(x.shape[dim] // 2, dim=dim)
+        local = []
+        for shard in shards:  # each shard's own amax, as the kernels take it
+            nvfp4.group_scales(shard.contiguous(), spec, transpose, lambda amax: local.append(amax.clone()) or amax)
+        group = torch.maximum(*local)
+        transformed = (rht(x.t()) if rht_on else x).float()  # the RHT in x's dtype, as the kernels round it
+        same_bits(group, transformed.abs().amax().reshape(1), f"{what}: the group's amax")
+        offset = 0
+        for shard in shards:
+            scales = nvfp4.group_scales(shard.contiguous(), spec, transpose, lambda amax: group)
+            values, decode = nvfp4.quantize_operand(shard.contiguous(), scales=scales, **quantize)
+            # the operand is x (or x^T): a split of x along dim is a split of the operand along dim (1 - dim)
+            along = dim if not transpose else 1 - dim
+            same_bits(values, whole.narrow(along, offset, values.shape[along]), f"{what}: values")
+            same_bits(decode, whole_decode, f"{what}: decode scale")
+            offset += values.shape[along]
+        assert offset == whole.shape[along], what
+        x.narrow(dim, 0, 1)[0, 0] = math.nan  # a NaN in the first shard only
+        shards = x.split(x.shape[dim] // 2, dim=dim)
+        local = []
+        for shard in shards:
+            nvfp4.group_scales(shard.contiguous(), spec, transpose, lambda amax: local.append(amax.clone()) or amax)
+        group = torch.maximum(*local)
+        assert group.isinf().all(), what
+        scales = nvfp4.group_scales(shards[1].contiguous(), spec, transpose, lambda amax: group)
+        assert nvfp4.quantize_operand(shards[1].contiguous(), scales=scales, **quantize)[1].isnan().all(), what
+    assert nvfp4.group_scales(x, OperandSpec("nvfp4", (1, 16)), True, lambda amax: amax) is None  # no RHT: torch
+
+
 def check_nvfp4_ties() -> None:
     ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
     block0 = [3.0] + [t / 2 for t in ties] + [-t / 2 for t in ties] + [0.0]
@@ -443,6 +491,7 @@ def check_mx_operand_interface() -> None:
 
 
 CHECKS = [check_nvfp4_round_to_nearest, check_nvfp4_amax_passes, check_shared_scales_of_both_orientations,
+          check_tensor_parallel_shards_quantize_as_the_whole,
           check_nvfp4_ties, check_e2m1_rounding_of_every_kind_of_value,
           check_nvfp4_non_finite, check_nvfp4_stochastic_rounding, check_fp8_blockwise,
           check_fp8_per_tensor, check_fp8_quantize_ops, check_gemm_output_epilogue, check_mx_round_to_nearest,

@@ -424,3 +424,59 @@ def test_torch_compile_traces_without_graph_breaks_and_keeps_numerics():
     assert torch.equal(gradients(compiled), eager)
     assert not torch.equal(gradients(compiled), eager), "SR draws advance from step to step under compile"
     torch._dynamo.reset()
+
+
+def test_a_sharded_operand_takes_the_kernels_with_the_groups_amax(monkeypatch, tmp_path):
+    """Under tensor parallelism an operand whose amax the group reduces goes to the quantize kernels (where
+    they run) with scales from its own amax pass made the group's by the all-reduce (kernels.nvfp4.
+    group_scales, checked bit for bit under Triton's interpreter), not to the torch reference; a family that
+    takes no given scales for it falls back to the reference. The kernel family is a recording stand-in here:
+    on the CPU the layer never picks the Triton kernels."""
+    import torch.distributed as dist
+
+    from models.quant.quantized_linear import AmaxReduction
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        x = oracle.fresh_input(32, 64, 3.0, torch.float32).to(torch.bfloat16)
+        spec = OperandSpec("nvfp4", (1, 16))
+        reference = quant_linear._quantize_operand(x, spec, transpose=False, compute_dtype=torch.bfloat16, rng=None,
+                                                   name="Fprop W")
+        calls = []
+
+        class Family:
+            offers_scales = True
+
+            @staticmethod
+            def group_scales(tensor, operand_spec, transpose, reduce_amax):
+                local = tensor.float().abs().amax().reshape(1)
+                reduced = reduce_amax(local)  # the real all-reduce over the (one-rank) group
+                calls.append(("group_scales", operand_spec, transpose, float(reduced)))
+                return torch.cat([reduced.new_zeros(2), reduced, reduced]) if Family.offers_scales else None
+
+            @staticmethod
+            def quantize_operand(tensor, operand_spec, *, transpose, seed, generator, out_dtype, scales, name):
+                calls.append(("kernel", name, None if scales is None else float(scales[2])))
+                return reference.values.to(out_dtype), reference.decode
+
+        monkeypatch.setattr(quant_linear, "_use_kernel", lambda tensor, operand_spec, transpose: Family)
+        reduction = AmaxReduction(dist.group.WORLD, frozenset({"Fprop W"}))
+        amax = float(x.float().abs().amax())
+        got = quant_linear._quantize_operand(x, spec, transpose=False, compute_dtype=torch.bfloat16, rng=None,
+                                             name="Fprop W", amax=reduction)
+        assert calls == [("group_scales", spec, False, amax), ("kernel", "Fprop W", amax)]
+        assert torch.equal(got.values, reference.values)
+
+        calls.clear()  # an operand the reduction does not name: the kernels' own amax pass, no group scales
+        quant_linear._quantize_operand(x, spec, transpose=False, compute_dtype=torch.bfloat16, rng=None,
+                                       name="Fprop X", amax=reduction)
+        assert calls == [("kernel", "Fprop X", None)]
+
+        calls.clear()  # no given scales for this operand: the torch reference with the group's amax
+        Family.offers_scales = False
+        fallback = quant_linear._quantize_operand(x, spec, transpose=False, compute_dtype=torch.bfloat16, rng=None,
+                                                  name="Fprop W", amax=reduction)
+        assert [call[0] for call in calls] == ["group_scales"]
+        assert torch.equal(fallback.values, reference.values) and torch.equal(fallback.decode, reference.decode)
+    finally:
+        dist.destroy_process_group()
