@@ -201,8 +201,9 @@ def gemm_formats(model: ModelConfig, precision) -> Dict[str, Dict[str, str]]:
 
 def _backend(cfg: TrainConfig, gpu: GpuSpec) -> str:
     """'none', 'native' or 'emulated' as models.quant.recipe.resolve_backend decides on this GPU. Under tensor
-    parallelism only a format torch runs natively (FP8 on Hopper) stays native: the tensor-parallel pass shards
-    the project's own layers, not Transformer Engine's, so NVFP4 and MXFP8 under tp > 1 are emulated."""
+    parallelism only a format torch runs natively stays native (FP8 on Hopper; NVFP4 on Blackwell, through
+    models.quant.nvfp4_torch): the tensor-parallel pass shards the project's own layers, not Transformer
+    Engine's, so MXFP8 under tp > 1, and NVFP4 before Blackwell, are emulated."""
     from models.quant.format_registry import format_spec
 
     precision = cfg.precision
