@@ -147,6 +147,23 @@ def test_native_linears_save_their_input_quantized():
         assert linear_saved_input_bytes(layout, "lm_head") == 2  # the LM head stays BF16
 
 
+@pytest.mark.parametrize("gpu, overrides, quantized", [
+    ("B200", ["parallel.tp=2"], False),  # auto under tp on Blackwell: the torch NVFP4 layer, which keeps X in BF16
+    ("B200", ["precision.backend=torch"], False),
+    ("B200", ["precision.backend=te"], True),  # Transformer Engine keeps the quantized X^T
+    ("H100", ["precision=fp8", "precision.format=fp8_tensor", "parallel.tp=2"], True),  # the torch FP8 layer too
+])
+def test_what_a_native_linear_keeps_for_wgrad_follows_the_layer_that_runs(gpu, overrides, quantized):
+    from trainer.planning.memory import linear_saved_input_bytes
+
+    cfg = compose(["+experiment=nvfp4_12b", "parallel=fsdp_ac", *overrides])
+    layout = resolve_layout(cfg, GPUS[gpu], 8)
+    assert layout.backend == "native" and layout.saves_quantized_input == quantized
+    assert layout.linear_format("layers.2.mixer.in_proj") != "bf16"  # a quantized block (the first stays BF16)
+    saved = linear_saved_input_bytes(layout, "layers.2.mixer.in_proj")
+    assert saved < 2 if quantized else saved == 2
+
+
 def test_layouts_the_trainer_refuses_are_config_errors():
     with pytest.raises(ConfigError, match="train.global_batch_size"):
         plan_run(hand_run("train.micro_batch_size=2", "train.global_batch_size=6"), GPUS["H200"], 2)

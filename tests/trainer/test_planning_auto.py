@@ -71,8 +71,8 @@ def test_nothing_fits_returns_the_leanest_plan_and_a_batch_no_layout_runs_is_ref
 # ranks each quantize the whole gathered input of their column-parallel linears: docs/planning.md, "The 12B on
 # B200: the scaling goal".
 GOAL = {64: 0.90, 256: 0.90, 1024: 0.80, 2048: 0.80}
-NOT_MET = {1024: "plans 71% of the 8-GPU MFU (tp 4: TP collectives not overlapped)",
-           2048: "plans 53% of the 8-GPU MFU (tp 8, 3,072 tokens a GPU a step)"}
+NOT_MET = {1024: "plans 69% of the 8-GPU MFU (tp 4: TP collectives not overlapped)",
+           2048: "plans 51% of the 8-GPU MFU (tp 8, 3,072 tokens a GPU a step)"}
 
 
 @pytest.mark.parametrize("gpus", sorted(GOAL))

@@ -73,6 +73,10 @@ class RunLayout:
     reduce_dtype: str = "float32"
     weight_reused: bool = True
     """Dgrad reuses Fprop's quantized weight (2D tiles or a tensor scale); False: W^T is quantized again."""
+    saves_quantized_input: bool = True
+    """A native linear keeps Wgrad's quantized X^T from the forward (Transformer Engine, the torch FP8 layer);
+    False: it keeps X in the compute dtype and quantizes X^T in the backward (the torch NVFP4 layer, as the
+    emulated one does)."""
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -94,7 +98,7 @@ class RunLayout:
         return (self.tp, self.micro_batch if micro_batch else None, self.seq_len,
                 self.checkpointed if checkpointing else None,
                 self.compute_bytes, self.residual_bytes, self.backend, self.compiled, self.fsdp, self.weight_reused,
-                id(self.gemm_formats))
+                self.saves_quantized_input, id(self.gemm_formats))
 
     def linear_format(self, name: str) -> str:
         """The format of a linear's Fprop ('bf16' when it is not quantized)."""
@@ -218,6 +222,15 @@ def _backend(cfg: TrainConfig, gpu: GpuSpec) -> str:
     return "native" if native and precision.backend != "emulated" else "emulated"
 
 
+def _saves_quantized_input(cfg: TrainConfig, backend: str) -> bool:
+    """Whether the native layer that runs this recipe keeps the quantized X^T for Wgrad: not the torch NVFP4
+    layer (models.quant.nvfp4_torch), which precision.backend=torch, or auto under tensor parallelism, builds."""
+    from models.quant.format_registry import quantize_kernel
+
+    torch_layer = cfg.precision.backend == "torch" or (cfg.precision.backend == "auto" and cfg.parallel.tp > 1)
+    return backend == "native" and not (torch_layer and quantize_kernel(cfg.precision.format) == "nvfp4")
+
+
 def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Optional[int] = None,
                    model: Optional[ModelConfig] = None) -> RunLayout:
     """The layout of ``cfg`` on ``gpus`` devices like ``gpu`` (``model`` replaces cfg.model, e.g. adopted from HF)."""
@@ -242,6 +255,7 @@ def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Opt
     if reduce_bytes is None:
         raise _config_error(f"parallel.reduce_dtype must be bfloat16, float16 or float32; "
                             f"got {cfg.parallel.reduce_dtype!r}")
+    backend = _backend(cfg, gpu)
     return RunLayout(
         gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node,
         fsdp=fsdp, shard=shard, replicate=replicate, micro_batch=batch.micro_batch, seq_len=cfg.data.seq_len,
@@ -250,7 +264,8 @@ def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Opt
         # residual adds stay FP32. FSDP2 casts the parameters themselves to param_dtype.
         residual_bytes=compute if fsdp else 4, reduce_bytes=reduce_bytes,
         checkpointed=checkpointed_symbols(cfg.parallel.activation_checkpoint),
-        compiled=cfg.parallel.compile, cuda_graph=cfg.parallel.cuda_graph, backend=_backend(cfg, gpu),
+        compiled=cfg.parallel.compile, cuda_graph=cfg.parallel.cuda_graph, backend=backend,
+        saves_quantized_input=_saves_quantized_input(cfg, backend),
         gemm_formats=gemm_formats(model, cfg.precision), tp=cfg.parallel.tp, reshard=cfg.parallel.reshard,
         grad_reduce=cfg.parallel.grad_reduce, batch=batch, reduce_dtype=cfg.parallel.reduce_dtype,
         weight_reused=costs_for_recipe(cfg.precision)[RECIPE_FORMATS[cfg.precision.format]].weight_transpose_invariant,

@@ -87,7 +87,7 @@ class MemoryPlan:
 def linear_saved_input_bytes(layout: RunLayout, name: str) -> float:
     """Bytes per input element a linear saves for its Wgrad."""
     fmt = layout.linear_format(name)
-    if fmt == "bf16" or layout.backend == "emulated":
+    if fmt == "bf16" or layout.backend == "emulated" or not layout.saves_quantized_input:
         return layout.compute_bytes
     cost = FORMAT_COSTS[fmt]  # the quantized X^T: elements and block scales (the one tensor scale is negligible)
     return cost.element_bytes + (cost.vector_scale_bytes / cost.vector_block if cost.vector_scale_bytes else 0.0)
