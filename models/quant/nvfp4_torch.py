@@ -51,9 +51,13 @@ tests/models/quant/test_nvfp4_torch_gpu.py (skipped below 10.0) compares the GEM
 The forward quantizes X and W (Fprop) and keeps W's packed 16x16 codes, transposed, for Dgrad; the backward
 quantizes dY and (1x16 weights) W^T for Dgrad, dY^T and X^T for Wgrad, from X and W saved in high precision:
 the emulated layer's order of quantization and of random draws, its saved tensors, and its tensor-parallel
-amax all-reduces in the same phase (the planner counts them there). Packing, padding and the scale layout are
-torch ops. Not done here: the kernels also write the scaled values q * s_b, which nothing reads; a transposed
-operand is packed by a strided copy; W is quantized again every micro-batch.
+amax all-reduces in the same phase (the planner counts them there). The kernels write codes only
+(``kernel_codes``: no scaled values), packed two a byte in each operand's own layout and zero-padded to a
+reduction of a multiple of 32: dY^T and X^T from the columns kernel as [N, T / 2] and [K, T / 2], W's 16x16
+codes and their transpose for Dgrad from one pass; no packing or transposing copy follows. The torch
+reference's codes are packed by ``pack_codes``. The scale layout (16x16 tiles' scales repeated, padding, the
+swizzle) is torch ops. Not done here: the scales are swizzled by a copy; W is quantized again every
+micro-batch.
 
 Under ``torch.compile`` the layer traces into its block's graph: the GEMM is a custom op opaque to Inductor
 (``scaled_gemm``; Dynamo cannot trace ``torch._scaled_mm_v2``), and codes and scales travel as uint8, taking
@@ -251,30 +255,55 @@ class Nvfp4Operand:
 
 @dataclass
 class Nvfp4Codes:
-    """A quantized operand [rows, reduction] as the quantizers give it: uint8 codes, one an element (a view:
-    a transposed operand keeps its storage's order), E4M3 block-scale bytes [rows / tile_rows, reduction /
-    16], the decode scale (one fp32 element); ``tile_rows`` 16 for 16x16 tiles, else 1."""
+    """A quantized operand [rows, reduction] as the quantizers give it.
 
-    codes: torch.Tensor
+    data: its E2M1 codes packed two a byte (``pack_codes``' layout), uint8 [rows, reduction / 2], or [rows,
+        round_up(reduction, 32) / 2] with zero codes past the reduction (as the kernels write them);
+    scales: E4M3 block-scale bytes [rows / tile_rows, reduction / 16], any strides (a transposed operand's are a
+        view); decode: the decode scale (one fp32 element); tile_rows: 16 for 16x16 tiles, else 1;
+    transposed_data: 16x16 tiles only, the transposed operand's packed codes where the kernel wrote them in the
+        same pass (``t`` takes them; without them it repacks)."""
+
+    data: torch.Tensor
     scales: torch.Tensor
     decode: torch.Tensor
     tile_rows: int = 1
+    transposed_data: Optional[torch.Tensor] = None
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, decode: torch.Tensor,
+                   tile_rows: int = 1) -> "Nvfp4Codes":
+        """From uint8 codes one an element [rows, reduction] (any strides), as the torch reference gives them."""
+        return cls(pack_codes(codes), scales, decode, tile_rows)
+
+    @property
+    def reduction(self) -> int:
+        return BLOCK * self.scales.shape[1]
+
+    def codes(self) -> torch.Tensor:
+        """uint8 E2M1 codes [rows, reduction]."""
+        return unpack_codes(self.data)[:, : self.reduction]
 
     def t(self) -> "Nvfp4Codes":
         """The transposed operand: a 16x16 tile is a tile of the transpose, with the same scale."""
         if self.tile_rows != BLOCK:
             raise ValueError("only 16x16 tiles transpose: a 1x16 block is not a block of the transpose")
-        return Nvfp4Codes(self.codes.t(), self.scales.t(), self.decode, BLOCK)
+        data = self.transposed_data if self.transposed_data is not None else pack_codes(self.codes().t())
+        return Nvfp4Codes(data, self.scales.t(), self.decode, BLOCK, self.data)
 
     def operand(self) -> Nvfp4Operand:
-        """Packed, padded to a multiple of 32 along the reduction, scales per 1x16 block, swizzled."""
-        reduction = self.codes.shape[1]
+        """Padded to a multiple of 32 along the reduction (unless the codes already are), scales per 1x16 block,
+        swizzled."""
+        reduction = self.reduction
+        padded = -(-reduction // REDUCTION_MULTIPLE) * REDUCTION_MULTIPLE
         scales = self.scales if self.tile_rows == 1 else self.scales.repeat_interleave(BLOCK, dim=0)
-        data = pack_codes(self.codes)
-        pad = -reduction % REDUCTION_MULTIPLE
-        if pad:  # zero codes under a zero scale: exact zeros in every sum
-            data = F.pad(data, (0, pad // 2))
-            scales = F.pad(scales, (0, pad // BLOCK))
+        data = self.data
+        if data.shape[1] not in (reduction // 2, padded // 2):
+            raise ValueError(f"Nvfp4Codes: packed codes {list(data.shape)} for a reduction of {reduction}")
+        if padded != reduction:  # zero codes under a zero scale: exact zeros in every sum
+            if data.shape[1] != padded // 2:
+                data = F.pad(data, (0, (padded - reduction) // 2))
+            scales = F.pad(scales, (0, (padded - reduction) // BLOCK))
         return Nvfp4Operand(data, swizzle_scales(scales), self.decode.reshape(()), reduction)
 
 
@@ -305,17 +334,27 @@ def shared_scales(tensor: torch.Tensor, rows: Optional[OperandSpec], columns: Op
 
 
 def kernel_codes(module, tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool, seed, generator,
-                 scales: Optional[torch.Tensor], name: str) -> Nvfp4Codes:
-    """The operand quantized by the kernels' calls ``kernels.nvfp4.quantize_operand`` makes, codes written."""
-    common = dict(stochastic=spec.rounding == "stochastic", seed=seed, generator=generator, out_dtype=torch.bfloat16,
-                  write_codes=True, name=name, four_over_six=spec.four_over_six, fmt=spec.fmt)
-    if transpose and spec.tile == (1, BLOCK):  # 16x1 blocks down x's columns, written in x's layout
-        out = module.quantize_columns(tensor, rht=spec.rht, global_scales=scales, **common)
-        return Nvfp4Codes(out.codes.t(), out.block_scales.view(torch.uint8).t(), out.decode_scale)
+                 scales: Optional[torch.Tensor], name: str, with_transpose: bool = False) -> Nvfp4Codes:
+    """The operand quantized by the kernels' calls ``kernels.nvfp4.quantize_operand`` makes (the same codes,
+    scales and draws), written as codes only: no scaled values, the codes packed by the kernel in the operand's
+    own layout and zero-padded to the GEMM's multiple of 32 along the reduction, so neither a packing nor a
+    transposing copy follows. ``with_transpose`` (16x16 tiles of the tensor itself): the same pass also writes
+    the transposed operand's packed codes, which ``Nvfp4Codes.t`` takes (Dgrad's W^T from Fprop's W)."""
+    common = dict(stochastic=spec.rounding == "stochastic", seed=seed, generator=generator, write_values=False,
+                  packed_multiple=REDUCTION_MULTIPLE, name=name, four_over_six=spec.four_over_six, fmt=spec.fmt)
+    if transpose and spec.tile == (1, BLOCK):  # 16x1 blocks down x's columns: codes in x^T's layout
+        out = module.quantize_columns(tensor, rht=spec.rht, global_scales=scales, write_codes=True, **common)
+        return Nvfp4Codes(out.codes, out.block_scales.view(torch.uint8).t(), out.decode_scale)
     two_d = spec.tile == (BLOCK, BLOCK)
-    out = module.quantize_rows(tensor, two_d=two_d, amax=None if scales is None else scales[2:], **common)
-    codes = Nvfp4Codes(out.codes, out.block_scales.view(torch.uint8), out.decode_scale, BLOCK if two_d else 1)
-    return codes.t() if transpose else codes  # a 16x16 tiling of the tensor itself, transposed
+    if transpose and not two_d:
+        raise ValueError("only 16x16 tiles transpose: a 1x16 block is not a block of the transpose")
+    out = module.quantize_rows(tensor, two_d=two_d, amax=None if scales is None else scales[2:],
+                               write_codes=not transpose, transposed_codes=two_d and (transpose or with_transpose),
+                               **common)
+    scale_bytes = out.block_scales.view(torch.uint8)
+    if transpose:  # a 16x16 tiling of the tensor itself, transposed
+        return Nvfp4Codes(out.transposed_codes, scale_bytes.t(), out.decode_scale, BLOCK)
+    return Nvfp4Codes(out.codes, scale_bytes, out.decode_scale, BLOCK if two_d else 1, out.transposed_codes)
 
 
 def reference_codes(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool, generator=None, name: str,
@@ -333,18 +372,20 @@ def reference_codes(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool,
     quantized = formats.quantize(matrix, spec.fmt, tile=spec.tile, rounding=spec.rounding, generator=generator,
                                  name=name, four_over_six=spec.four_over_six)
     tile_rows = spec.tile[0]
-    codes = Nvfp4Codes(quantized.codes[:rows], quantized.block_scales.view(torch.uint8)[: rows // tile_rows],
-                       quantized.tensor_scale, tile_rows)
+    codes = Nvfp4Codes.from_codes(quantized.codes[:rows],
+                                  quantized.block_scales.view(torch.uint8)[: rows // tile_rows],
+                                  quantized.tensor_scale, tile_rows)
     return codes.t() if tile_then_transpose else codes
 
 
 def quantize_operand(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool, rng: RoundingRng = None,
                      name: str, scales: Optional[torch.Tensor] = None,
-                     amax: Optional[AmaxReduction] = None) -> Nvfp4Codes:
+                     amax: Optional[AmaxReduction] = None, with_transpose: bool = False) -> Nvfp4Codes:
     """``tensor.t() if transpose else tensor`` quantized as ``linear._quantize_operand`` quantizes it.
 
     ``name`` ('Fprop X', ...) labels errors and offsets the seed; ``rng``: the layer's generator or seed
-    tensor; ``scales``: ``shared_scales`` of the tensor; ``amax``: the tensor-parallel amax reduction.
+    tensor; ``scales``: ``shared_scales`` of the tensor; ``amax``: the tensor-parallel amax reduction;
+    ``with_transpose``: ``.t()`` of the result will be wanted too (``kernel_codes``).
     """
     seeded = spec.rounding == "stochastic" and isinstance(rng, torch.Tensor)
     generator = rng if isinstance(rng, torch.Generator) else None
@@ -355,7 +396,7 @@ def quantize_operand(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool
         module = module if scales is not None else None
     if module is not None:
         return kernel_codes(module, tensor, spec, transpose=transpose, seed=operand_seed(rng, name) if seeded else None,
-                            generator=generator, scales=scales, name=name)
+                            generator=generator, scales=scales, name=name, with_transpose=with_transpose)
     if seeded:
         generator = operand_generator(rng, name)
     return reference_codes(tensor, spec, transpose=transpose, generator=generator, name=name,
@@ -441,9 +482,11 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         else:
             x_op = quantize_operand(x2, spec.fprop.a, transpose=False, rng=rng, name="Fprop X", scales=x_scales,
                                     amax=amax).operand()
-            w_codes = quantize_operand(weight, spec.fprop.b, transpose=False, rng=rng, name="Fprop W", amax=amax)
+            reuse_w = dgrad is not None and spec.reuses_forward_weight  # Dgrad's W^T: these 16x16 codes transposed
+            w_codes = quantize_operand(weight, spec.fprop.b, transpose=False, rng=rng, name="Fprop W", amax=amax,
+                                       with_transpose=reuse_w)
             out = nvfp4_gemm(x_op, w_codes.operand(), compute_dtype)
-            if dgrad is not None and spec.reuses_forward_weight:  # Dgrad's W^T: these 16x16 codes transposed
+            if reuse_w:
                 w_t_op = w_codes.t().operand()
         ctx.spec, ctx.compute_dtype, ctx.amax = spec, compute_dtype, amax
         ctx.seed_saved = isinstance(rng, torch.Tensor)  # a seed tensor is saved (compile traces it)

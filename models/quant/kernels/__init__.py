@@ -4,6 +4,7 @@
     options         the launch configurations: one frozen options object per family
     fp4_common      jit helpers of the E2M1 families: E2M1 rounding, stochastic rounding's bits, the RHT
     nvfp4           NVFP4 quantize kernels (rows 1x16, 2D 16x16, columns 16x1 with or without the RHT)
+    nvfp4_tiles     their tile bodies: the values, or (codes only) the codes packed in the GEMM's layout
     nvfp4_amax      NVFP4's per-tensor amax passes (its global scales)
     mx              MXFP4 quantize kernels (rows 1x32, columns 32x1 with or without the RHT)
     fp8             blockwise / per-tensor FP8 for the native FP8 layer (models.quant.fp8_torch)

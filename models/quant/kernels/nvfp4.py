@@ -36,6 +36,18 @@ splits each thread's whole blocks into element j of every block, one tensor each
 error is summed in TE's element order.
 Stochastic rounding keeps the round-to-nearest choice and draws the same bits as without it.
 
+Codes only (``write_values=False``; ``models.quant.nvfp4_torch`` asks for it, a native FP4 GEMM reading no
+values): kernels of their own (``_quantize_rows_codes_kernel``, ``_quantize_columns_codes_kernel``,
+``_quantize_rows_four_over_six_codes_kernel``, on the same tile bodies as the values kernels, whose launch
+signatures stay as they were) skip the scaled values and write the E2M1 codes packed two a byte, element 2j in
+the low nibble (torch's ``float4_e2m1fn_x2``), in the GEMM operand's layout: the rows kernels [rows, cols / 2],
+the 16x16 one also (``transposed_codes``) x^T's [cols, rows / 2] from the same pass (Dgrad's W^T), the columns
+kernel the operand x^T's [cols, rows / 2], packed along x's rows. A block's 16 codes are one 64-bit word (code
+j in bits 4j .. 4j + 3: little-endian, those are its 8 packed bytes), stored as one int64. The packed rows are
+zero-padded to ``packed_multiple`` codes (torch's GEMM takes multiples of 32): the grid covers the padding, whose
+elements load as zeros and so get zero codes. Codes, scales and random draws are the values path's, bit for
+bit; 0.5 bytes an element written instead of 2 (bf16 values) + 1 (codes).
+
 ``quantize_operand`` and friends (end of module) are what ``models.quant.linear`` calls for an
 operand whose format names this module (``FormatSpec.quantize_kernel``).
 """
@@ -89,79 +101,31 @@ def block_scale_codes(reference: QuantizedTensor) -> torch.Tensor:
 
 @dataclass
 class KernelQuantized:
-    """Output of a kernel, in the input's [rows, cols] layout.
+    """Output of a kernel, in the input's [rows, cols] layout (packed codes: in the layout named below).
 
-    values: q * s_b (scaled values, without the per-tensor decode scale), ``out_dtype``.
+    values: q * s_b (scaled values, without the per-tensor decode scale), ``out_dtype``; None when the
+        kernel wrote codes only (``write_values=False``).
     block_scales: float8_e4m3fn (uint8 UE5M3 codes for nvfp4_ue5m3); rows: [rows, cols/16];
         two_d: [rows/16, cols/16]; columns: [rows/16, cols].
     decode_scale: fp32 [1], 1/S_enc (NaN if the input had NaN/Inf).
-    codes: uint8 E2M1 codes [rows, cols] (bit 3 sign), or None when not asked for.
+    codes: uint8 E2M1 codes [rows, cols] (bit 3 sign), or None when not asked for. Codes only: packed two a
+        byte (element 2j in the low nibble) along the GEMM operand's reduction, zero-padded to
+        ``packed_multiple`` codes: rows kernels [rows, cols'/2]; columns kernel the operand x^T's [cols, rows'/2].
+    transposed_codes: codes only, two_d: x^T's codes packed the same way, [cols, rows'/2]; else None.
     """
 
-    values: torch.Tensor
+    values: Optional[torch.Tensor]
     block_scales: torch.Tensor
     decode_scale: torch.Tensor
     codes: Optional[torch.Tensor]
+    transposed_codes: Optional[torch.Tensor] = None
 
 
 if triton is not None:
     # Imported under their own names: Inductor compiles a kernel called inside torch.compile by
     # splicing the source of every jit helper it calls, which defines the helper under its
     # __name__; an alias would leave the kernel calling an undefined name.
-    from models.quant.kernels.fp4_common import (
-        load_16_rows,
-        max_abs_16,
-        quantize_4,
-        quantize_store_4_rows,
-        random_uniforms_16,
-        rht16,
-        round_e2m1,
-        tile_of_program,
-    )
-    from models.quant.kernels.nvfp4_amax import tensor_scales
-    from models.quant.kernels.nvfp4_four_over_six import (
-        block_choice,
-        block_reciprocal,
-        candidate_errors,
-        candidate_scales,
-        choose,
-        load_16_elements,
-        store_16_elements,
-        tile_sum_of_rows,
-    )
-    from models.quant.kernels.triton_common import abs_nan_to_inf, e4m3_round, ue5m3_round
-
-    @triton.jit
-    def _load_global_scales(global_ptr, amax_ptr, first_program, SCALES_FROM_AMAX: tl.constexpr,
-                            FOUR_OVER_SIX: tl.constexpr, UE5M3: tl.constexpr):
-        """(S_enc, S_dec, amax): from the finalize kernel's output [S_enc, S_dec, -, amax], or
-        (SCALES_FROM_AMAX) computed here from the tensor's fp32 amax, the first program writing them to
-        global_ptr for the GEMM. Every program computes the same numbers. The amax (which only Four
-        Over Six's errors take) is 0 without FOUR_OVER_SIX."""
-        if SCALES_FROM_AMAX:
-            amax = abs_nan_to_inf(tl.load(amax_ptr).to(tl.float32))
-            encode, decode = tensor_scales(amax, FOUR_OVER_SIX, UE5M3)
-            if first_program:
-                tl.store(global_ptr, encode)
-                tl.store(global_ptr + 1, decode)
-        else:
-            encode = tl.load(global_ptr)
-            decode = tl.load(global_ptr + 1)
-            if FOUR_OVER_SIX != 0:
-                amax = tl.load(global_ptr + 3)
-            else:
-                amax = tl.zeros([], tl.float32)
-        return encode, decode, amax
-
-    @triton.jit
-    def _block_scale(value, UE5M3: tl.constexpr):
-        """The block scale of value >= 0 (or NaN), RNE: E4M3 saturating at 448, or (UE5M3) UE5M3
-        saturating at 114688. Returns (fp32 value, uint8 code)."""
-        if UE5M3:
-            rounded, code = ue5m3_round(value)
-        else:
-            rounded, code = e4m3_round(value)
-        return rounded, code.to(tl.uint8)
+    from models.quant.kernels.nvfp4_tiles import columns_tile, rows_four_over_six_tile, rows_tile
 
     @triton.jit
     def _quantize_rows_kernel(
@@ -182,50 +146,36 @@ if triton is not None:
         SCALES_FROM_AMAX: tl.constexpr,
         UE5M3: tl.constexpr,
     ):
-        """One [BLOCK_R, BLOCK_C] tile: 1x16 blocks along cols, or (TWO_D, BLOCK_R == 16) 16x16 tiles."""
-        pid_r, pid_c = tile_of_program(tl.cdiv(cols, BLOCK_C), True)
-        encode, decode, _ = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), SCALES_FROM_AMAX, 0,
-                                                UE5M3)
-        row = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-        col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        mask = (row < rows)[:, None] & (col < cols)[None, :]
-        offsets = row.to(tl.int64)[:, None] * cols + col[None, :]
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        x3 = tl.reshape(x, [BLOCK_R, BLOCK_C // 16, 16])
-        block_amax = tl.max(tl.abs(x3), axis=2)  # [BLOCK_R, BLOCK_C / 16]
-        scale_cols = cols // 16
-        scale_col = pid_c * (BLOCK_C // 16) + tl.arange(0, BLOCK_C // 16)
-        if TWO_D:
-            # Max down the columns first, then over each 16 of them: the same max as over block_amax's
-            # axis 0, which Triton 3.6 compiles to a layout holding the whole tile in every thread
-            # (255 registers, spilled, 6-7x slower).
-            column_amax = tl.max(tl.abs(x), axis=0)  # [BLOCK_C]: rows pid_r*16 .. +16
-            tile_amax = tl.max(tl.reshape(column_amax, [BLOCK_C // 16, 16]), axis=1)  # [BLOCK_C / 16]
-            tile_scale, tile_code = _block_scale(tile_amax * (encode * 0.16666666666666666), UE5M3)
-            tl.store(scales_ptr + pid_r * scale_cols + scale_col, tile_code, mask=scale_col < scale_cols)
-            scale = tl.broadcast_to(tl.reshape(tile_scale, [1, BLOCK_C // 16]), [BLOCK_R, BLOCK_C // 16])
-        else:
-            scale, code = _block_scale(block_amax * (encode * 0.16666666666666666), UE5M3)
-            scale_mask = (row < rows)[:, None] & (scale_col < scale_cols)[None, :]
-            scale_offsets = row.to(tl.int64)[:, None] * scale_cols + scale_col[None, :]
-            tl.store(scales_ptr + scale_offsets, code, mask=scale_mask)
-        reciprocal = block_reciprocal(scale, decode)
-        # The scales broadcast by indexing ([:, :, None]), not by tl.reshape(.., [.., 1]), which
-        # Triton 3.6 moves through shared memory in the 2D kernel (8% slower there).
-        scaled = x3 * reciprocal[:, :, None]
-        if STOCHASTIC:
-            # One Philox call per 16-element block, counter = the block's first element's offset.
-            block_col = pid_c * BLOCK_C + 16 * tl.arange(0, BLOCK_C // 16)
-            block_offsets = row.to(tl.int64)[:, None] * cols + block_col[None, :]  # [BLOCK_R, BLOCK_C / 16]
-            uniform = random_uniforms_16(tl.load(seed_ptr), block_offsets)
-        else:
-            uniform = scaled
-        value, code_e2m1 = round_e2m1(scaled, uniform, STOCHASTIC)
-        value = value * scale[:, :, None]
-        value = tl.reshape(value, [BLOCK_R, BLOCK_C])
-        tl.store(values_ptr + offsets, value.to(values_ptr.dtype.element_ty), mask=mask)
-        if WRITE_CODES:
-            tl.store(codes_ptr + offsets, tl.reshape(code_e2m1, [BLOCK_R, BLOCK_C]), mask=mask)
+        """The values (and, WRITE_CODES, one code a byte) of x, in x's layout: ``rows_tile``."""
+        rows_tile(x_ptr, values_ptr, codes_ptr, codes_ptr, scales_ptr, global_ptr, amax_ptr, seed_ptr, rows, cols,
+                  rows, cols, BLOCK_R, BLOCK_C, TWO_D, STOCHASTIC, WRITE_CODES, True, False, SCALES_FROM_AMAX, UE5M3)
+
+    @triton.jit
+    def _quantize_rows_codes_kernel(
+        x_ptr,
+        codes_ptr,
+        transposed_ptr,
+        scales_ptr,
+        global_ptr,
+        amax_ptr,
+        seed_ptr,
+        rows,
+        cols,
+        code_rows,
+        code_cols,
+        BLOCK_R: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        TWO_D: tl.constexpr,
+        STOCHASTIC: tl.constexpr,
+        WRITE_CODES: tl.constexpr,
+        TRANSPOSED_CODES: tl.constexpr,
+        SCALES_FROM_AMAX: tl.constexpr,
+        UE5M3: tl.constexpr,
+    ):
+        """Codes only, packed (``rows_tile`` without WRITE_VALUES): no values pointer at all."""
+        rows_tile(x_ptr, codes_ptr, codes_ptr, transposed_ptr, scales_ptr, global_ptr, amax_ptr, seed_ptr, rows,
+                  cols, code_rows, code_cols, BLOCK_R, BLOCK_C, TWO_D, STOCHASTIC, WRITE_CODES, False,
+                  TRANSPOSED_CODES, SCALES_FROM_AMAX, UE5M3)
 
     @triton.jit
     def _quantize_columns_kernel(
@@ -248,48 +198,35 @@ if triton is not None:
         FOUR_OVER_SIX: tl.constexpr,  # 0: off, 1: Four Over Six by MSE, 2: by MAE
         UE5M3: tl.constexpr,  # UE5M3 block scales (not with FOUR_OVER_SIX)
     ):
-        """GROUPS groups of 16 rows x BLOCK_C cols; blocks are 16x1 (down the columns)."""
-        pid_g, pid_c = tile_of_program(tl.cdiv(cols, BLOCK_C), True)
-        encode, decode, amax = _load_global_scales(global_ptr, amax_ptr, (pid_g == 0) & (pid_c == 0),
-                                                   SCALES_FROM_AMAX, FOUR_OVER_SIX, UE5M3)
-        group = pid_g * GROUPS + tl.arange(0, GROUPS)
-        col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        mask = (group < groups)[:, None] & (col < cols)[None, :]
-        base_offsets = (group.to(tl.int64) * 16)[:, None] * cols + col[None, :]
-        base = x_ptr + base_offsets
-        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = load_16_rows(base, cols, mask)
-        if RHT:
-            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = rht16(
-                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, ROUND_BF16
-            )
-        block_amax = max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF=False)
-        if FOUR_OVER_SIX != 0:
-            scale, scale_code, reciprocal = block_choice(
-                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
-                block_amax, encode, decode, amax, FOUR_OVER_SIX)
-        else:
-            scale, scale_code = _block_scale(block_amax * (encode * 0.16666666666666666), UE5M3)
-            reciprocal = block_reciprocal(scale, decode)
-        scale_offsets = group.to(tl.int64)[:, None] * cols + col[None, :]
-        tl.store(scales_ptr + scale_offsets, scale_code.to(tl.uint8), mask=mask)
-        if STOCHASTIC:
-            # One Philox call per 16x1 block (counter = its first element's offset): row 4 w + b of
-            # the block takes byte b of word w.
-            w0, w1, w2, w3 = tl.randint4x(tl.load(seed_ptr), base_offsets)
-        else:
-            w0 = 0
-            w1 = 0
-            w2 = 0
-            w3 = 0
-        quantize_store_4_rows(x0, x1, x2, x3, 0, reciprocal, scale, base_offsets, cols, mask,
-                              values_ptr, codes_ptr, w0, STOCHASTIC, WRITE_CODES)
-        quantize_store_4_rows(x4, x5, x6, x7, 4, reciprocal, scale, base_offsets, cols, mask,
-                              values_ptr, codes_ptr, w1, STOCHASTIC, WRITE_CODES)
-        quantize_store_4_rows(x8, x9, x10, x11, 8, reciprocal, scale, base_offsets, cols, mask,
-                              values_ptr, codes_ptr, w2, STOCHASTIC, WRITE_CODES)
-        quantize_store_4_rows(x12, x13, x14, x15, 12, reciprocal, scale, base_offsets, cols, mask,
-                              values_ptr, codes_ptr, w3, STOCHASTIC, WRITE_CODES)
+        """The values (and, WRITE_CODES, one code a byte) in x's layout: ``columns_tile``."""
+        columns_tile(x_ptr, values_ptr, codes_ptr, scales_ptr, global_ptr, amax_ptr, seed_ptr, groups, cols, groups,
+                     GROUPS, BLOCK_C, RHT, ROUND_BF16, STOCHASTIC, WRITE_CODES, True, SCALES_FROM_AMAX, FOUR_OVER_SIX,
+                     UE5M3)
 
+    @triton.jit
+    def _quantize_columns_codes_kernel(
+        x_ptr,
+        codes_ptr,
+        scales_ptr,
+        global_ptr,
+        amax_ptr,
+        seed_ptr,
+        groups,
+        cols,
+        code_groups,
+        GROUPS: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        RHT: tl.constexpr,
+        ROUND_BF16: tl.constexpr,
+        STOCHASTIC: tl.constexpr,
+        SCALES_FROM_AMAX: tl.constexpr,
+        FOUR_OVER_SIX: tl.constexpr,
+        UE5M3: tl.constexpr,
+    ):
+        """Codes only, packed in the operand x^T's layout (``columns_tile`` without WRITE_VALUES)."""
+        columns_tile(x_ptr, codes_ptr, codes_ptr, scales_ptr, global_ptr, amax_ptr, seed_ptr, groups, cols,
+                     code_groups, GROUPS, BLOCK_C, RHT, ROUND_BF16, STOCHASTIC, True, False, SCALES_FROM_AMAX,
+                     FOUR_OVER_SIX, UE5M3)
 
     @triton.jit
     def _quantize_rows_four_over_six_kernel(
@@ -311,57 +248,37 @@ if triton is not None:
         IN_PIECE: tl.constexpr,  # elements per 16-byte load: 8 (bf16 x) or 4 (fp32)
         OUT_PIECE: tl.constexpr,  # elements per 16-byte store of the values
     ):
-        """Four Over Six on BLOCK_R rows x BLOCKS 16-element blocks along cols, or (TWO_D, BLOCK_R == 16)
-        BLOCKS 16x16 tiles. Each thread loads and stores whole blocks in 16-byte pieces, split in its
-        registers into element j of every block, the tensor x_j [BLOCK_R, BLOCKS] (``nvfp4_four_over_six``); stochastic rounding draws
-        the rows kernel's bits (element 4 p + b of a block: byte b of Philox word (w0, w2, w1, w3)[p] at
-        the block's first offset)."""
-        scale_cols = cols // 16
-        pid_r, pid_c = tile_of_program(tl.cdiv(scale_cols, BLOCKS), True)
-        encode, decode, amax = _load_global_scales(global_ptr, amax_ptr, (pid_r == 0) & (pid_c == 0), True,
-                                                   FOUR_OVER_SIX, False)
-        row = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-        block = pid_c * BLOCKS + tl.arange(0, BLOCKS)
-        mask = (row < rows)[:, None] & (block < scale_cols)[None, :]
-        base_offsets = row.to(tl.int64)[:, None] * cols + (block * 16)[None, :]
-        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = load_16_elements(
-            x_ptr + base_offsets, mask, IN_PIECE)
-        block_amax = max_abs_16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, NAN_TO_INF=False)
-        if TWO_D:
-            scale_4, code_4, reciprocal_4, scale_6, code_6, reciprocal_6 = candidate_scales(
-                tl.max(block_amax, axis=0), encode, decode)  # [BLOCKS]: one pair per 16x16 tile
-            row_errors_4, row_errors_6 = candidate_errors(
-                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
-                scale_4[None, :], reciprocal_4[None, :], scale_6[None, :], reciprocal_6[None, :], amax, FOUR_OVER_SIX)
-            error_4 = tile_sum_of_rows(row_errors_4)
-            error_6 = tile_sum_of_rows(row_errors_6)
-            scale, code, reciprocal = choose(error_4, error_6, scale_4, code_4, reciprocal_4, scale_6, code_6,
-                                             reciprocal_6)
-            tl.store(scales_ptr + pid_r * scale_cols + block, code.to(tl.uint8), mask=block < scale_cols)
-            scale = tl.broadcast_to(scale[None, :], [BLOCK_R, BLOCKS])
-            reciprocal = tl.broadcast_to(reciprocal[None, :], [BLOCK_R, BLOCKS])
-        else:
-            scale, code, reciprocal = block_choice(
-                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15,
-                block_amax, encode, decode, amax, FOUR_OVER_SIX)
-            tl.store(scales_ptr + row.to(tl.int64)[:, None] * scale_cols + block[None, :], code.to(tl.uint8),
-                     mask=mask)
-        if STOCHASTIC:
-            w0, w1, w2, w3 = tl.randint4x(tl.load(seed_ptr), base_offsets)
-        else:
-            w0 = 0
-            w1 = 0
-            w2 = 0
-            w3 = 0
-        v0, c0, v1, c1, v2, c2, v3, c3 = quantize_4(x0, x1, x2, x3, reciprocal, scale, w0, STOCHASTIC)
-        v4, c4, v5, c5, v6, c6, v7, c7 = quantize_4(x4, x5, x6, x7, reciprocal, scale, w2, STOCHASTIC)
-        v8, c8, v9, c9, v10, c10, v11, c11 = quantize_4(x8, x9, x10, x11, reciprocal, scale, w1, STOCHASTIC)
-        v12, c12, v13, c13, v14, c14, v15, c15 = quantize_4(x12, x13, x14, x15, reciprocal, scale, w3, STOCHASTIC)
-        store_16_elements(values_ptr + base_offsets, mask,
-                          v0, v1, v2, v3, v4, v5, v6, v7, v8, v9, v10, v11, v12, v13, v14, v15, OUT_PIECE)
-        if WRITE_CODES:
-            store_16_elements(codes_ptr + base_offsets, mask,
-                              c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, 8)
+        """The values (and, WRITE_CODES, one code a byte) of x, in x's layout: ``rows_four_over_six_tile``."""
+        rows_four_over_six_tile(x_ptr, values_ptr, codes_ptr, codes_ptr, scales_ptr, global_ptr, amax_ptr, seed_ptr,
+                                rows, cols, rows, cols, BLOCK_R, BLOCKS, TWO_D, STOCHASTIC, WRITE_CODES, True, False,
+                                FOUR_OVER_SIX, IN_PIECE, OUT_PIECE)
+
+    @triton.jit
+    def _quantize_rows_four_over_six_codes_kernel(
+        x_ptr,
+        codes_ptr,
+        transposed_ptr,
+        scales_ptr,
+        global_ptr,
+        amax_ptr,
+        seed_ptr,
+        rows,
+        cols,
+        code_rows,
+        code_cols,
+        BLOCK_R: tl.constexpr,
+        BLOCKS: tl.constexpr,
+        TWO_D: tl.constexpr,
+        STOCHASTIC: tl.constexpr,
+        WRITE_CODES: tl.constexpr,
+        TRANSPOSED_CODES: tl.constexpr,
+        FOUR_OVER_SIX: tl.constexpr,
+        IN_PIECE: tl.constexpr,
+    ):
+        """Codes only, packed (``rows_four_over_six_tile`` without WRITE_VALUES): no values pointer at all."""
+        rows_four_over_six_tile(x_ptr, codes_ptr, codes_ptr, transposed_ptr, scales_ptr, global_ptr, amax_ptr,
+                                seed_ptr, rows, cols, code_rows, code_cols, BLOCK_R, BLOCKS, TWO_D, STOCHASTIC,
+                                WRITE_CODES, False, TRANSPOSED_CODES, FOUR_OVER_SIX, IN_PIECE, 16)
 
 
 def _check(x: torch.Tensor, rows_multiple: int, what: str, name: Optional[str]) -> None:
@@ -400,8 +317,23 @@ def _global_scales_or_amax(x: torch.Tensor, *, rht: bool, given: Optional[torch.
 def _outputs(x, scales_shape, out_dtype, write_codes, ue5m3):
     values = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if write_codes else values
-    scales = torch.empty(scales_shape, dtype=torch.uint8 if ue5m3 else torch.float8_e4m3fn, device=x.device)
-    return values, codes, scales
+    return values, codes, _scales(x, scales_shape, ue5m3)
+
+
+def _scales(x, scales_shape, ue5m3):
+    return torch.empty(scales_shape, dtype=torch.uint8 if ue5m3 else torch.float8_e4m3fn, device=x.device)
+
+
+def _padded(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
+
+
+def _check_codes_only(write_codes: bool, transposed_codes: bool, packed_multiple: int) -> None:
+    if not (write_codes or transposed_codes):
+        raise ValueError("nvfp4 kernels with write_values=False write codes only: ask for write_codes "
+                         "(or transposed_codes)")
+    if packed_multiple <= 0 or packed_multiple % 16:
+        raise ValueError(f"packed_multiple must be a positive multiple of 16, got {packed_multiple}")
 
 
 def quantize_rows(
@@ -413,6 +345,9 @@ def quantize_rows(
     generator: Optional[torch.Generator] = None,
     out_dtype: torch.dtype = torch.bfloat16,
     write_codes: bool = False,
+    write_values: bool = True,
+    transposed_codes: bool = False,
+    packed_multiple: int = 16,
     amax: Optional[torch.Tensor] = None,
     name: Optional[str] = None,
     four_over_six: Optional[str] = None,
@@ -427,15 +362,31 @@ def quantize_rows(
     element; element 2 of ``rows_and_rht_columns_scales``), which skips the amax pass.
     ``four_over_six``: None, or Four Over Six with this candidate error ("mse", "mae"). ``fmt``: nvfp4,
     or nvfp4_ue5m3 for UE5M3 block scales.
+
+    Codes only (``write_values=False``, what a native FP4 GEMM takes): no values are written (``values`` is
+    None) and the codes come packed two a byte, element 2j in the low nibble (torch's ``float4_e2m1fn_x2``):
+    ``codes`` [rows, round_up(cols, packed_multiple) / 2] with ``write_codes``, and, two_d only,
+    ``transposed_codes`` [cols, round_up(rows, packed_multiple) / 2], the codes of x^T (a 16x16 tile is a
+    tile of the transpose, with the same scale). Codes past x's extent are zeros. The codes, scales and
+    stochastic draws are those of the values path, bit for bit.
     """
     _check(x, 16 if two_d else 1, "nvfp4 quantize_rows", name)
     ue5m3 = _check_variant(fmt, four_over_six)
+    if transposed_codes and (write_values or not two_d):
+        raise ValueError("nvfp4 quantize_rows writes transposed codes for two_d with write_values=False only")
+    if not write_values:
+        _check_codes_only(write_codes, transposed_codes, packed_multiple)
     x = x.contiguous()
     rows, cols = x.shape
     global_scales, amax = _global_scales_or_amax(x, rht=False, given=amax, options=options)
     scales_shape = (rows // 16, cols // 16) if two_d else (rows, cols // 16)
-    values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes, ue5m3)
     seed = seed_tensor(x, seed, generator) if stochastic else global_scales
+    if not write_values:
+        return _rows_codes(x, two_d=two_d, stochastic=stochastic, seed=seed, write_codes=write_codes,
+                           transposed_codes=transposed_codes, packed_multiple=packed_multiple,
+                           global_scales=global_scales, amax=amax, scales=_scales(x, scales_shape, ue5m3),
+                           four_over_six=four_over_six, ue5m3=ue5m3, options=options)
+    values, codes, scales = _outputs(x, scales_shape, out_dtype, write_codes, ue5m3)
     if four_over_six is not None:
         block_r, block_c, warps = options.two_d_four_over_six if two_d else options.rows_four_over_six
         grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols // 16, block_c // 16),)
@@ -456,6 +407,39 @@ def quantize_rows(
     return KernelQuantized(values, scales, global_scales[1:2], codes if write_codes else None)
 
 
+def _rows_codes(x, *, two_d, stochastic, seed, write_codes, transposed_codes, packed_multiple, global_scales, amax,
+                scales, four_over_six, ue5m3, options) -> KernelQuantized:
+    """``quantize_rows`` with write_values=False: the codes kernels, the grid over the packed extents."""
+    rows, cols = x.shape
+    code_rows = _padded(rows, packed_multiple) if transposed_codes else rows
+    code_cols = _padded(cols, packed_multiple) if write_codes else cols
+    # One int64 word per 16-code block, what the kernels store; its bytes are the packed codes (a uint8 view).
+    words = torch.empty(rows, code_cols // 16, dtype=torch.int64, device=x.device) if write_codes else None
+    transposed = torch.empty(cols, code_rows // 16, dtype=torch.int64, device=x.device) if transposed_codes else None
+    codes_arg = words if words is not None else transposed  # the other pointer is never stored through
+    transposed_arg = transposed if transposed is not None else words
+    if four_over_six is not None:
+        block_r, block_c, warps = options.two_d_four_over_six if two_d else options.rows_four_over_six
+        grid = (triton.cdiv(code_rows, block_r) * triton.cdiv(code_cols // 16, block_c // 16),)
+        _quantize_rows_four_over_six_codes_kernel[grid](
+            x, codes_arg, transposed_arg, scales.view(torch.uint8), global_scales, amax, seed, rows, cols, code_rows,
+            code_cols, BLOCK_R=block_r, BLOCKS=block_c // 16, TWO_D=two_d, STOCHASTIC=stochastic,
+            WRITE_CODES=write_codes, TRANSPOSED_CODES=transposed_codes, FOUR_OVER_SIX=four_over_six_code(four_over_six),
+            IN_PIECE=16 // x.element_size(), num_warps=warps, enable_fp_fusion=False,
+        )
+    else:
+        block_r, block_c, warps = options.two_d if two_d else options.rows_launch(cols)
+        grid = (triton.cdiv(code_rows, block_r) * triton.cdiv(code_cols, block_c),)
+        _quantize_rows_codes_kernel[grid](
+            x, codes_arg, transposed_arg, scales.view(torch.uint8), global_scales, amax, seed, rows, cols, code_rows,
+            code_cols, BLOCK_R=block_r, BLOCK_C=block_c, TWO_D=two_d, STOCHASTIC=stochastic, WRITE_CODES=write_codes,
+            TRANSPOSED_CODES=transposed_codes, SCALES_FROM_AMAX=True, UE5M3=ue5m3, num_warps=warps,
+            enable_fp_fusion=False,
+        )
+    return KernelQuantized(None, scales, global_scales[1:2], None if words is None else words.view(torch.uint8),
+                           None if transposed is None else transposed.view(torch.uint8))
+
+
 def quantize_columns(
     x: torch.Tensor,
     *,
@@ -465,6 +449,8 @@ def quantize_columns(
     generator: Optional[torch.Generator] = None,
     out_dtype: torch.dtype = torch.bfloat16,
     write_codes: bool = False,
+    write_values: bool = True,
+    packed_multiple: int = 16,
     global_scales: Optional[torch.Tensor] = None,
     name: Optional[str] = None,
     four_over_six: Optional[str] = None,
@@ -477,22 +463,43 @@ def quantize_columns(
     (RNE): outputs are in x's layout, scales [rows / 16, cols]. ``global_scales`` (RHT only): [S_enc,
     S_dec, -, amax] already taken (``rows_and_rht_columns_scales``, with the same ``four_over_six`` and
     ``fmt``), which skips the amax pass; the returned decode scale is then a view of it.
+
+    Codes only (``write_values=False`` with ``write_codes``): no values (``values`` is None), and ``codes`` are
+    the operand x^T's, packed two a byte along x's rows (the operand's reduction), element 2j in the low
+    nibble: [cols, round_up(rows, packed_multiple) / 2], row-major, the codes past x's rows zeros. Scales stay
+    [rows / 16, cols] (their transpose is a view, and the GEMM's layout copies them anyway). The codes, scales
+    and stochastic draws are those of the values path, bit for bit.
     """
     if global_scales is not None and not rht:
         raise ValueError("nvfp4 quantize_columns takes precomputed global_scales with rht=True only")
     _check(x, 16, "nvfp4 quantize_columns", name)
     ue5m3 = _check_variant(fmt, four_over_six)
+    if not write_values:
+        _check_codes_only(write_codes, False, packed_multiple)
     x = x.contiguous()
     rows, cols = x.shape
     groups_per_program, block_c, warps = options.columns_stochastic if stochastic else options.columns
     global_scales, amax = _global_scales_or_amax(x, rht=rht, given=global_scales, options=options,
                                                  four_over_six=four_over_six is not None, fmt=fmt)
-    values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes, ue5m3)
     seed = seed_tensor(x, seed, generator) if stochastic else global_scales
+    round_bf16 = bf16_rounding_mode(x, options.bf16_rounding)
+    if not write_values:
+        code_rows = _padded(rows, packed_multiple)
+        words = torch.empty(cols, code_rows // 16, dtype=torch.int64, device=x.device)  # one a 16x1 block
+        scales = _scales(x, (rows // 16, cols), ue5m3)
+        grid = (triton.cdiv(code_rows // 16, groups_per_program) * triton.cdiv(cols, block_c),)
+        _quantize_columns_codes_kernel[grid](
+            x, words, scales.view(torch.uint8), global_scales, amax, seed, rows // 16, cols,
+            code_rows // 16, GROUPS=groups_per_program, BLOCK_C=block_c, RHT=rht, ROUND_BF16=round_bf16,
+            STOCHASTIC=stochastic, SCALES_FROM_AMAX=amax is not global_scales,
+            FOUR_OVER_SIX=four_over_six_code(four_over_six), UE5M3=ue5m3, num_warps=warps, enable_fp_fusion=False,
+        )
+        return KernelQuantized(None, scales, global_scales[1:2], words.view(torch.uint8))
+    values, codes, scales = _outputs(x, (rows // 16, cols), out_dtype, write_codes, ue5m3)
     grid = (triton.cdiv(rows // 16, groups_per_program) * triton.cdiv(cols, block_c),)
     _quantize_columns_kernel[grid](
         x, values, codes, scales.view(torch.uint8), global_scales, amax, seed, rows // 16, cols,
-        GROUPS=groups_per_program, BLOCK_C=block_c, RHT=rht, ROUND_BF16=bf16_rounding_mode(x, options.bf16_rounding),
+        GROUPS=groups_per_program, BLOCK_C=block_c, RHT=rht, ROUND_BF16=round_bf16,
         STOCHASTIC=stochastic, WRITE_CODES=write_codes, SCALES_FROM_AMAX=amax is not global_scales,
         FOUR_OVER_SIX=four_over_six_code(four_over_six), UE5M3=ue5m3, num_warps=warps, enable_fp_fusion=False,
     )

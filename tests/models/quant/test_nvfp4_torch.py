@@ -79,7 +79,8 @@ def test_packed_codes_are_the_bytes_of_torchs_float4_e2m1fn_x2(dtype):
     x = _fresh(64, 96, dtype)
     quantized = formats.quantize(x, "nvfp4", tile=(1, 16))
     assert (quantized.codes == 8).any(), "-0.0 gives code 8: the sign nibble is exercised"
-    operand = Nvfp4Codes(quantized.codes, _bytes(quantized.block_scales), quantized.tensor_scale).operand()
+    operand = Nvfp4Codes.from_codes(quantized.codes, _bytes(quantized.block_scales),
+                                    quantized.tensor_scale).operand()
     q = quantized.element_values()
     # torch's own encoder of values to float4_e2m1fn_x2 (to E2M1 codes, then pack_uint4) gives our bytes
     assert torch.equal(operand.data, _bfloat16_to_float4_e2m1fn_x2(q.bfloat16()).view(torch.uint8))

@@ -180,8 +180,9 @@ def test_the_native_gemm_is_exact_where_every_sum_is(blackwell):
     codes = {name: torch.tensor([0, 1, 2, 4, 9, 10, 12], dtype=torch.uint8, device="cuda")[
         torch.randint(0, 7, shape, device="cuda")] for name, shape in (("a", (m, reduction)), ("b", (n, reduction)))}
     exponents = {name: torch.randint(-2, 3, (rows, reduction // 16), device="cuda") for name, rows in (("a", m), ("b", n))}
-    operands = {name: Nvfp4Codes(codes[name], (2.0 ** exponents[name]).to(torch.float8_e4m3fn).view(torch.uint8),
-                                 torch.ones((), device="cuda")).operand() for name in ("a", "b")}
+    operands = {name: Nvfp4Codes.from_codes(codes[name],
+                                            (2.0 ** exponents[name]).to(torch.float8_e4m3fn).view(torch.uint8),
+                                            torch.ones((), device="cuda")).operand() for name in ("a", "b")}
     want = operands["a"].scaled_values() @ operands["b"].scaled_values().t()
     for out_dtype in (torch.float32, torch.bfloat16):
         got = nvfp4_gemm(operands["a"], operands["b"], out_dtype)
