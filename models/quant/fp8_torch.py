@@ -73,7 +73,7 @@ from models.quant.element_formats import GEMMS
 from models.quant.fp8_operand import BLOCK, KINDS, Fp8Operand, gemm_layout_scales, quantize_reference  # noqa: F401
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, fp8_block_linear_spec
 from models.quant.kernels import fp8 as fp8_kernels
-from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, group_amax, high_precision_gemm,
+from models.quant.quantized_linear import (AmaxReduction, NativeQuantizedLinear, group_amax, high_precision_gemm,
                                            with_amax_rows)
 
 # (A kind, B kind) pairs a native GEMM takes: cuBLASLt's blockwise combinations, and per tensor.
@@ -361,7 +361,7 @@ def _group(amax: Optional[AmaxReduction], *names: str):
     return amax.group
 
 
-class TorchFp8Linear(QuantizedLinear):
+class TorchFp8Linear(NativeQuantizedLinear):
     """The native FP8 backend: quantized GEMMs as FP8 GEMMs (same parameters and state-dict keys).
 
     ``spec`` is the emulated path's LinearSpec (``fp8_block_linear_spec`` / ``fp8_tensor_linear_spec``;
@@ -372,24 +372,7 @@ class TorchFp8Linear(QuantizedLinear):
     def default_spec(self) -> LinearSpec:
         return fp8_block_linear_spec()
 
-    @property
-    def spec(self) -> LinearSpec:
-        return self._spec
-
-    @spec.setter
-    def spec(self, spec: LinearSpec) -> None:
-        check_spec(spec, self.name)
-        self._spec = spec
-
-    def gemms_to_check(self, x: torch.Tensor) -> LinearSpec:
-        """The GEMMs that will run: Dgrad and Wgrad only when their gradients are wanted."""
-        grad_enabled = torch.is_grad_enabled()
-        spec = self.spec
-        return LinearSpec(
-            fprop=spec.fprop,
-            dgrad=spec.dgrad if grad_enabled and x.requires_grad else None,
-            wgrad=spec.wgrad if grad_enabled and self.weight.requires_grad else None,
-        )
+    check_spec = staticmethod(check_spec)
 
     def check_input(self, x: torch.Tensor) -> None:
         super().check_input(x)

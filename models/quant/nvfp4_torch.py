@@ -32,9 +32,10 @@ Layouts of an operand [rows, R] (PyTorch ``ScaledBlas.cpp`` ``_scaled_nvfp4_nvfp
 cuBLAS, "1D Block Scaling Factors Layout"):
 - codes: ``torch.float4_e2m1fn_x2`` [rows, R / 2], row-major, two codes a byte with element 2j in the low
   nibble (torch's ``pack_uint4``, ``QuantizedTensor.packed_codes``); B goes in as ``B.t()`` (column-major).
-  A packed row must be a multiple of 16 bytes (torch checks ``size(1) % 16`` on the packed tensor, i.e.
-  R % 32; its own tests skip NVFP4 otherwise): a reduction of 16 mod 32 (a tensor-parallel shard of 2832
-  rows, say) gets one block of zero codes with a zero scale, which adds exact zeros to every sum;
+  A packed row must be a multiple of 16 bytes, i.e. R % 32 (cuBLAS's 16-byte alignment; torch's meta function
+  checks ``size(1) % 16`` on the packed tensor, its CUDA op only R % 16, and its own tests skip NVFP4
+  otherwise): a reduction of 16 mod 32 (a tensor-parallel shard of 2832 rows, say) gets one block of zero
+  codes with a zero scale, which adds exact zeros to every sum;
 - block scales: ``float8_e4m3fn`` [rows, R / 16], zero-padded to [round_up(rows, 128), round_up(R / 16, 4)]
   and laid out in cuBLAS's 128x4 tiles, one contiguous vector: scale (r, c) at element
   512 * (r // 128 * tiles_per_row + c // 4) + 16 * (r % 32) + 4 * (r % 128 // 32) + c % 4
@@ -88,7 +89,7 @@ from models.quant.element_formats import GEMMS
 from models.quant.format_registry import NVFP4_TORCH, quantize_kernel
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, nvfp4_linear_spec
 from models.quant.linear import RoundingRng, operand_generator, operand_seed
-from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, all_reduce_amax, group_amax,
+from models.quant.quantized_linear import (AmaxReduction, NativeQuantizedLinear, all_reduce_amax, group_amax,
                                            high_precision_gemm, with_amax_rows)
 from models.quant.rht import rht
 
@@ -414,8 +415,9 @@ def _reduced(amax: Optional[AmaxReduction], *names: str) -> bool:
 
 def nvfp4_gemm(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype) -> torch.Tensor:
     """a [m, R] times b [n, R]^T -> [m, n] in out_dtype: one native NVFP4 GEMM with both tensor scales."""
-    if a.data.shape[1] != b.data.shape[1]:
-        raise ValueError(f"nvfp4_gemm: reduction dims differ: a {list(a.data.shape)}, b {list(b.data.shape)} (packed)")
+    if a.data.shape[1] != b.data.shape[1] or a.reduction != b.reduction:  # 48 and 64 both pack to 32 bytes
+        raise ValueError(f"nvfp4_gemm: reduction dims differ: a {a.reduction} ({list(a.data.shape)} packed), "
+                         f"b {b.reduction} ({list(b.data.shape)} packed)")
     # Eager calls skip the custom op's dispatch; compiled ones need it.
     gemm = scaled_gemm if torch.compiler.is_compiling() else _torch_scaled_gemm
     return gemm(a.data, b.data, a.scale, b.scale, a.decode, b.decode, out_dtype)
@@ -545,7 +547,7 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         return grad_x, grad_weight, None, None, None, None, None
 
 
-class TorchNvfp4Linear(QuantizedLinear):
+class TorchNvfp4Linear(NativeQuantizedLinear):
     """The native NVFP4 backend: quantized GEMMs as NVFP4 GEMMs (same parameters and state-dict keys).
 
     ``spec`` is the emulated path's LinearSpec (``nvfp4_linear_spec``, Four Over Six included; its ``backend``
@@ -556,24 +558,7 @@ class TorchNvfp4Linear(QuantizedLinear):
     def default_spec(self) -> LinearSpec:
         return nvfp4_linear_spec()
 
-    @property
-    def spec(self) -> LinearSpec:
-        return self._spec
-
-    @spec.setter
-    def spec(self, spec: LinearSpec) -> None:
-        check_spec(spec, self.name)
-        self._spec = spec
-
-    def gemms_to_check(self, x: torch.Tensor) -> LinearSpec:
-        """The GEMMs that will run: Dgrad and Wgrad only when their gradients are wanted."""
-        grad_enabled = torch.is_grad_enabled()
-        spec = self.spec
-        return LinearSpec(
-            fprop=spec.fprop,
-            dgrad=spec.dgrad if grad_enabled and x.requires_grad else None,
-            wgrad=spec.wgrad if grad_enabled and self.weight.requires_grad else None,
-        )
+    check_spec = staticmethod(check_spec)
 
     def check_input(self, x: torch.Tensor) -> None:
         super().check_input(x)

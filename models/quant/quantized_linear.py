@@ -295,3 +295,33 @@ class QuantizedLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, name={self.name!r}, spec=({self.spec.describe()})"
+
+
+class NativeQuantizedLinear(QuantizedLinear):
+    """A layer whose quantized GEMMs run natively through torch's scaled matmul (models.quant.fp8_torch,
+    models.quant.nvfp4_torch): its spec is the emulated path's LinearSpec, checked on assignment by the
+    backend's ``check_spec`` (whether the GEMM takes that format, tile and rounding), and only the GEMMs that
+    will run are checked against an input."""
+
+    @staticmethod
+    def check_spec(spec: LinearSpec, name: str = "") -> None:
+        raise NotImplementedError("a native backend names its spec check")
+
+    @property
+    def spec(self) -> LinearSpec:
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: LinearSpec) -> None:
+        self.check_spec(spec, self.name)
+        self._spec = spec
+
+    def gemms_to_check(self, x: torch.Tensor) -> LinearSpec:
+        """The GEMMs that will run: Dgrad and Wgrad only when their gradients are wanted."""
+        grad_enabled = torch.is_grad_enabled()
+        spec = self.spec
+        return LinearSpec(
+            fprop=spec.fprop,
+            dgrad=spec.dgrad if grad_enabled and x.requires_grad else None,
+            wgrad=spec.wgrad if grad_enabled and self.weight.requires_grad else None,
+        )
