@@ -101,7 +101,7 @@ def _kernel_family(tensor: torch.Tensor, spec: OperandSpec):
     return getattr(kernels, family)
 
 
-def _use_kernel(tensor: torch.Tensor, spec: OperandSpec, transpose: bool):
+def kernel_for(tensor: torch.Tensor, spec: OperandSpec, transpose: bool):
     """The kernel module that quantizes the operand ``tensor.t() if transpose else tensor``, or None
     (the torch reference runs)."""
     family = _kernel_family(tensor, spec)
@@ -123,7 +123,7 @@ def _shared_scales(tensor: torch.Tensor, rows_spec: Optional[OperandSpec],
     return family.shared_scales(tensor, rows_spec, columns_spec)
 
 
-def _group_scales(family, tensor: torch.Tensor, spec: OperandSpec, transpose: bool,
+def group_kernel_scales(family, tensor: torch.Tensor, spec: OperandSpec, transpose: bool,
                   amax: AmaxReduction) -> Optional[torch.Tensor]:
     """The kernels' ``scales`` for an operand whose per-tensor amax is the tensor-parallel group's
     (``family.group_scales``), or None where the family takes none: the torch reference then quantizes it."""
@@ -188,9 +188,9 @@ def _quantize_operand(
     seeded = spec.rounding == "stochastic" and isinstance(rng, torch.Tensor)
     generator = rng if isinstance(rng, torch.Generator) else None
     reduce_amax = amax is not None and amax.applies(name, spec.fmt)
-    family = _use_kernel(tensor, spec, transpose)
+    family = kernel_for(tensor, spec, transpose)
     if reduce_amax and family is not None:  # the kernels' own amax pass, reduced over the group
-        shared_scales = _group_scales(family, tensor, spec, transpose, amax)
+        shared_scales = group_kernel_scales(family, tensor, spec, transpose, amax)
         family = family if shared_scales is not None else None
     if family is not None:
         seed = operand_seed(rng, name) if seeded else None
@@ -308,7 +308,7 @@ def _quantize_pair(a: torch.Tensor, b: torch.Tensor, gemm: GemmSpec, transpose: 
     return a_op, b_op
 
 
-def _reduced(amax: Optional[AmaxReduction], *names: str) -> bool:
+def amax_reduced(amax: Optional[AmaxReduction], *names: str) -> bool:
     """Whether the tensor-parallel amax reduction names any of these operands (their kernels' shared
     scales are then not taken)."""
     return amax is not None and any(name in amax.operands for name in names)
@@ -326,7 +326,7 @@ class QuantLinearFunction(torch.autograd.Function):
         # needs_input_grad ignores it, so under no_grad the pass would be taken for nothing).
         x_scales = None
         if spec.fprop is not None and spec.wgrad is not None and grad_enabled and ctx.needs_input_grad[1] \
-                and not _reduced(amax, "Fprop X", "Wgrad X^T"):
+                and not amax_reduced(amax, "Fprop X", "Wgrad X^T"):
             x_scales = _shared_scales(x2, spec.fprop.a, spec.wgrad.b)
         if spec.fprop is None:
             out = high_precision_gemm(x2, weight, compute_dtype)
@@ -368,7 +368,7 @@ class QuantLinearFunction(torch.autograd.Function):
         # dY's global scales for Dgrad and Wgrad from one read, when both take the kernels.
         dy_scales = None
         if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and spec.dgrad is not None and spec.wgrad is not None \
-                and not _reduced(amax, "Dgrad dY", "Wgrad dY^T"):
+                and not amax_reduced(amax, "Dgrad dY", "Wgrad dY^T"):
             dy_scales = _shared_scales(dy, spec.dgrad.a, spec.wgrad.a)
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:

@@ -76,7 +76,6 @@ Sources: TE ``core_nvfp4.cuh`` (the quantization); PyTorch ``aten/src/ATen/nativ
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -86,11 +85,12 @@ import torch.nn.functional as F
 from models.norms import local_tensor
 from models.quant import formats
 from models.quant.element_formats import GEMMS
-from models.quant.format_registry import NVFP4_TORCH, quantize_kernel
+from models.quant.format_registry import NVFP4_TORCH
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, nvfp4_linear_spec
-from models.quant.linear import RoundingRng, operand_generator, operand_seed
-from models.quant.quantized_linear import (AmaxReduction, NativeQuantizedLinear, all_reduce_amax, group_amax,
-                                           high_precision_gemm, with_amax_rows)
+from models.quant.linear import (RoundingRng, amax_reduced, group_kernel_scales, kernel_for, operand_generator,
+                                 operand_seed)
+from models.quant.quantized_linear import (AmaxReduction, NativeQuantizedLinear, group_amax, high_precision_gemm,
+                                           with_amax_rows)
 from models.quant.rht import rht
 
 BLOCK = 16
@@ -312,26 +312,11 @@ class Nvfp4Codes:
 # Quantization: the emulated layer's quantizers, with the codes kept
 
 
-def _kernel_module(tensor: torch.Tensor, spec: OperandSpec, transpose: bool):
-    """The kernel module that quantizes ``tensor.t() if transpose else tensor``, or None: QuantLinear's rule
-    (the registry's kernel for the format, a CUDA tensor, Triton switched on, the operand supported)."""
-    family = quantize_kernel(spec.fmt)
-    if family is None or not tensor.is_cuda:
-        return None
-    from models.quant import kernels  # imported here: no Triton import on CPU-only runs
-
-    module = getattr(kernels, family)
-    return module if module.operand_supported(tensor, spec, transpose) else None
-
-
 def shared_scales(tensor: torch.Tensor, rows: Optional[OperandSpec], columns: Optional[OperandSpec]):
     """The global scales of a tensor quantized along rows and (with the RHT) along columns, from one read by
     the kernels (``kernels.nvfp4.shared_scales``), or None; the outputs are the same either way."""
-    if rows is None or columns is None or _kernel_module(tensor, rows, False) is None:
-        return None
-    from models.quant import kernels
-
-    return getattr(kernels, quantize_kernel(rows.fmt)).shared_scales(tensor, rows, columns)
+    module = None if rows is None or columns is None else kernel_for(tensor, rows, False)
+    return None if module is None else module.shared_scales(tensor, rows, columns)
 
 
 def kernel_codes(module, tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool, seed, generator,
@@ -391,9 +376,9 @@ def quantize_operand(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool
     seeded = spec.rounding == "stochastic" and isinstance(rng, torch.Tensor)
     generator = rng if isinstance(rng, torch.Generator) else None
     reduce_amax = amax is not None and amax.applies(name, spec.fmt)
-    module = _kernel_module(tensor, spec, transpose)
+    module = kernel_for(tensor, spec, transpose)
     if reduce_amax and module is not None:  # the kernels' own amax pass, reduced over the group
-        scales = module.group_scales(tensor, spec, transpose, functools.partial(all_reduce_amax, group=amax.group))
+        scales = group_kernel_scales(module, tensor, spec, transpose, amax)
         module = module if scales is not None else None
     if module is not None:
         return kernel_codes(module, tensor, spec, transpose=transpose, seed=operand_seed(rng, name) if seeded else None,
@@ -402,11 +387,6 @@ def quantize_operand(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool
         generator = operand_generator(rng, name)
     return reference_codes(tensor, spec, transpose=transpose, generator=generator, name=name,
                            amax_group=amax.group if reduce_amax else None)
-
-
-def _reduced(amax: Optional[AmaxReduction], *names: str) -> bool:
-    """Whether the tensor-parallel amax reduction names any of these operands (no shared scales then)."""
-    return amax is not None and any(name in amax.operands for name in names)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -476,7 +456,7 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         # Autocast is off here (QuantizedLinear.forward); no context of its own (fp8_torch says why).
         # X's global scales for Fprop and Wgrad from one read, when the kernels take both.
         x_scales = None
-        if spec.fprop is not None and wgrad is not None and not _reduced(amax, "Fprop X", "Wgrad X^T"):
+        if spec.fprop is not None and wgrad is not None and not amax_reduced(amax, "Fprop X", "Wgrad X^T"):
             x_scales = shared_scales(x2, spec.fprop.a, wgrad.b)
         w_t_op = None
         if spec.fprop is None:
@@ -518,7 +498,7 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         # The backward may run under the caller's autocast (torch.compile traces it under the forward's): the
         # GEMM is an opaque op, high_precision_gemm switches autocast off, the quantizers choose their dtypes.
         dy_scales = None
-        if dgrad is not None and wgrad is not None and not _reduced(amax, "Dgrad dY", "Wgrad dY^T"):
+        if dgrad is not None and wgrad is not None and not amax_reduced(amax, "Dgrad dY", "Wgrad dY^T"):
             dy_scales = shared_scales(dy, dgrad.a, wgrad.a)
         # The emulated layer's order of quantization (and so of draws): dY, W^T, then dY^T, X^T.
         if needs_dgrad:

@@ -95,7 +95,7 @@ def test_kernel_operands_are_the_torch_references(four_over_six, dtype):
     for tile, rht, transpose in (((1, 16), False, False), ((16, 16), False, False), ((16, 16), False, True),
                                  ((1, 16), False, True), ((1, 16), True, True)):
         spec = OperandSpec("nvfp4", tile, rht=rht, four_over_six=four_over_six)
-        assert nvfp4_torch._kernel_module(x, spec, transpose) is not None, "the kernels take it on CUDA"
+        assert nvfp4_torch.kernel_for(x, spec, transpose) is not None, "the kernels take it on CUDA"
         got = quantize_operand(x, spec, transpose=transpose, name="op").operand()
         want = reference_codes(x, spec, transpose=transpose, name="op").operand()
         what = f"{spec.describe()} transpose={transpose}"

@@ -113,7 +113,7 @@ def test_a_sharded_operand_takes_the_kernels_with_the_groups_amax(monkeypatch, t
             calls.append(("kernel", name, None if scales is None else float(scales[2])))
             return reference
 
-        monkeypatch.setattr(nvfp4_torch, "_kernel_module", lambda tensor, operand_spec, transpose: Family)
+        monkeypatch.setattr(nvfp4_torch, "kernel_for", lambda tensor, operand_spec, transpose: Family)
         monkeypatch.setattr(nvfp4_torch, "kernel_codes", kernel_codes)
         reduction = AmaxReduction(dist.group.WORLD, frozenset({"Fprop W"}))
         amax = float(x.abs().amax())

@@ -459,7 +459,7 @@ def test_a_sharded_operand_takes_the_kernels_with_the_groups_amax(monkeypatch, t
                 calls.append(("kernel", name, None if scales is None else float(scales[2])))
                 return reference.values.to(out_dtype), reference.decode
 
-        monkeypatch.setattr(quant_linear, "_use_kernel", lambda tensor, operand_spec, transpose: Family)
+        monkeypatch.setattr(quant_linear, "kernel_for", lambda tensor, operand_spec, transpose: Family)
         reduction = AmaxReduction(dist.group.WORLD, frozenset({"Fprop W"}))
         amax = float(x.float().abs().amax())
         got = quant_linear._quantize_operand(x, spec, transpose=False, compute_dtype=torch.bfloat16, rng=None,
