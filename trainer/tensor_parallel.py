@@ -294,6 +294,21 @@ def _amax_reductions(layer: nn.Module, role: str) -> Dict[str, int]:
     return counts
 
 
+def quantized_input_gatherer(block: nn.Module):
+    """The mixer's column-parallel linear that gathers the sequence-parallel input itself, quantized, or None.
+
+    The native NVFP4 layer does (``TorchNvfp4Linear.gather_input``) when it is the mixer's only column-parallel
+    linear (Mamba's in_proj, the MLP's up_proj; attention's q, k and v share one gathered input) and its Fprop
+    is NVFP4 when the pass runs; every other mixer gathers its input in BF16 before it (``_gather_hook``)."""
+    from models.quant.nvfp4_torch import TorchNvfp4Linear
+
+    columns = [child for child, role in LINEAR_ROLES[block.symbol].items() if role == "column"]
+    if len(columns) != 1:
+        return None
+    layer = getattr(block.mixer, columns[0])
+    return layer if isinstance(layer, TorchNvfp4Linear) and layer.spec.fprop is not None else None
+
+
 def _check_linear(layer: nn.Module, name: str, role: str, tp: int) -> None:
     """ValueError naming the layer unless this pass can shard it in ``role``."""
     if isinstance(layer, QuantizedLinear):
@@ -335,6 +350,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
     counts = {"tp": tp, "column_parallel_linears": 0, "row_parallel_linears": 0, "sharded_vectors": 0,
               "vocab_parallel_embeddings": 0, "vocab_parallel_lm_heads": 0,
               "replicated_parameters": 0, "quantized_sharded_linears": 0, "sequence_parallel_mixers": 0,
+              "quantized_input_gathers": 0,
               "collectives_per_micro_batch": {
                   "forward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0},
                   "backward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0}}}
@@ -386,8 +402,16 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         _distribute(owner, param_name, placement, tp_mesh)
         kind = "sharded_vectors" if isinstance(placement, Shard) else "replicated_parameters"
         counts["vocab_parallel_embeddings" if name == "embeddings.weight" else kind] += 1
-    for block in model.layers:  # the sequence-parallel boundary around each mixer
-        block.mixer.register_forward_pre_hook(functools.partial(_gather_hook, group))
+    for index, block in enumerate(model.layers):  # the sequence-parallel boundary around each mixer
+        gatherer = quantized_input_gatherer(block)
+        if gatherer is None:
+            block.mixer.register_forward_pre_hook(functools.partial(_gather_hook, group))
+        else:  # the mixer's one column-parallel linear gathers its input, quantized
+            gatherer.gather_input(group)
+            counts["quantized_input_gathers"] += 1
+            counts["collectives_per_micro_batch"]["forward"]["amax_all_reduce"] += gatherer.spec.fprop is not None
+            counts["collectives_per_micro_batch"]["backward"]["amax_all_reduce"] += gatherer.spec.wgrad is not None
+            counts["collectives_per_micro_batch"]["backward"]["all_gather"] += 1  # X^T's codes (or X) for Wgrad
         block.mixer.register_forward_hook(functools.partial(_reduce_scatter_hook, group))
         counts["sequence_parallel_mixers"] += 1
         for phase in ("forward", "backward"):

@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 from models.norms import local_tensor
@@ -89,8 +90,8 @@ from models.quant.format_registry import NVFP4_TORCH
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, nvfp4_linear_spec
 from models.quant.linear import (RoundingRng, amax_reduced, group_kernel_scales, kernel_for, operand_generator,
                                  operand_seed)
-from models.quant.quantized_linear import (AmaxReduction, NativeQuantizedLinear, group_amax, high_precision_gemm,
-                                           with_amax_rows)
+from models.quant.quantized_linear import (GATHERED_INPUT_OPERANDS, AmaxReduction, NativeQuantizedLinear, group_amax,
+                                           high_precision_gemm, with_amax_rows)
 from models.quant.rht import rht
 
 BLOCK = 16
@@ -438,6 +439,74 @@ def _scaled_gemm_fake(a, b, scale_a, scale_b, decode_a, decode_b, out_dtype):
         raise RuntimeError(f"nvfp4_scaled_gemm traced with {layouts}: {error}") from error
 
 
+
+# ----------------------------------------------------------------------------------------------
+# Quantize, then gather: a column-parallel layer's sequence-parallel input
+#
+# Under sequence parallelism each tp rank holds t = T / tp tokens of every sequence: x [B, t, K]. A
+# column-parallel layer needs all B T tokens. Gathering x in BF16 moves 2 bytes an element and has every
+# rank quantize all B T tokens again; gathering its quantized operand moves the packed codes and the block
+# scales, 1/2 + 1/16 byte an element, and each rank quantizes its own t tokens. Quantized with the group's
+# amax (GATHERED_INPUT_OPERANDS), the gathered codes are those of the gathered tensor, bit for bit: X's 1x16
+# blocks run along K within a token, X^T's along the tokens of one sequence, never across a rank's share
+# when t is a multiple of 16. Codes and scales travel in one uint8 all-gather.
+
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+
+
+def gather_sequence_rows(parts: Tuple[torch.Tensor, ...], batch: int, group) -> Tuple[torch.Tensor, ...]:
+    """Tensors [batch * t, w_i] whose rows are the rank's tokens, sequence by sequence -> [batch * T, w_i], the
+    ranks' shares in rank order within each sequence, as ``x.flatten(0, 1)`` of the gathered x orders them."""
+    widths = [part.shape[1] for part in parts]
+    joined = torch.cat([part.reshape(batch, -1, width) for part, width in zip(parts, widths)], dim=-1)
+    gathered = funcol.wait_tensor(_all_gather(joined.contiguous(), gather_dim=1, group=group))  # [B, T, sum w]
+    return tuple(piece.reshape(-1, width) for piece, width in zip(gathered.split(widths, dim=-1), widths))
+
+
+def gather_sequence_columns(parts: Tuple[torch.Tensor, ...], batch: int, group) -> Tuple[torch.Tensor, ...]:
+    """Tensors [rows, batch * c_i] whose columns are the rank's tokens (packed or blocked, c_i per sequence),
+    sequence by sequence -> [rows, batch * tp * c_i] in the gathered tokens' order (each sequence's shares in
+    rank order)."""
+    rows, size = parts[0].shape[0], group.size()
+    widths = [part.shape[1] // batch for part in parts]
+    joined = torch.cat([part.reshape(rows, batch, width) for part, width in zip(parts, widths)], dim=-1)
+    # Gathered along the last dim, each sequence's shares follow one another: [rows, B, tp, sum w].
+    gathered = funcol.wait_tensor(_all_gather(joined.contiguous(), gather_dim=2, group=group))
+    gathered = gathered.reshape(rows, batch, size, sum(widths))
+    return tuple(piece.reshape(rows, -1) for piece in gathered.split(widths, dim=-1))
+
+
+def _gather_bf16(x: torch.Tensor, group) -> torch.Tensor:
+    """x [B, t, K] -> [B T, K]: the sequence gathered in the input's dtype (a GEMM in high precision)."""
+    return funcol.wait_tensor(_all_gather(x.contiguous(), gather_dim=1, group=group)).reshape(-1, x.shape[-1])
+
+
+def gathered_rows_operand(x2: torch.Tensor, spec: OperandSpec, batch: int, group, **quantize) -> Nvfp4Operand:
+    """Fprop's X [B T, K] from the rank's x2 [B t, K]: quantized here (the group's amax), gathered as codes."""
+    codes = quantize_operand(x2, spec, transpose=False, **quantize)
+    data, scales = gather_sequence_rows((codes.data, codes.scales), batch, group)
+    return Nvfp4Codes(data, scales, codes.decode).operand()
+
+
+def gathered_columns_operand(x2: torch.Tensor, spec: OperandSpec, batch: int, group, **quantize) -> Nvfp4Operand:
+    """Wgrad's X^T [K, B T] from the rank's x2 [B t, K]: quantized here along its tokens (the group's amax; the
+    RHT's 16-blocks lie within the share), gathered as codes. The kernels pad the rank's tokens to a multiple
+    of 32 with zero codes: the padding is dropped before the gather, the whole padded again by ``operand``."""
+    codes = quantize_operand(x2, spec, transpose=True, **quantize)
+    tokens = x2.shape[0]
+    data, scales = gather_sequence_columns((codes.data[:, : tokens // 2], codes.scales), batch, group)
+    return Nvfp4Codes(data, scales, codes.decode).operand()
+
+
+def check_gathered_share(x: torch.Tensor, name: str) -> None:
+    """ValueError unless x is [B, t, K] with t a multiple of 16 (whole blocks of X^T along the rank's tokens)."""
+    if x.dim() != 3 or x.shape[1] % BLOCK:
+        raise ValueError(f"layer {name!r} gathers its sequence-parallel input quantized: it takes [batch, tokens, "
+                         f"features] with each rank's tokens a multiple of {BLOCK} (whole NVFP4 blocks along the "
+                         f"tokens), got {list(x.shape)}")
+
+
 # ----------------------------------------------------------------------------------------------
 # The layer
 
@@ -447,8 +516,11 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, spec: LinearSpec, rng: RoundingRng, compute_dtype: torch.dtype, grad_enabled: bool,
-                amax: Optional[AmaxReduction] = None):
-        x2 = x.reshape(-1, x.shape[-1])  # [T, K]
+                amax: Optional[AmaxReduction] = None, gather=None):
+        # gather: the tp group when x is the rank's share [B, t, K] of a sequence-parallel input, gathered here
+        # as codes (Fprop X) and in the backward as X^T's codes; dX is reduce-scattered back to [B, t, K].
+        x2 = x.reshape(-1, x.shape[-1])  # [T, K] (gather: the rank's B t tokens)
+        batch = x.shape[0] if gather is not None else 1
         needs_dgrad = grad_enabled and ctx.needs_input_grad[0]
         needs_wgrad = grad_enabled and ctx.needs_input_grad[1]
         dgrad = spec.dgrad if needs_dgrad else None
@@ -460,17 +532,20 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
             x_scales = shared_scales(x2, spec.fprop.a, wgrad.b)
         w_t_op = None
         if spec.fprop is None:
-            out = high_precision_gemm(x2, weight, compute_dtype)
+            out = high_precision_gemm(x2 if gather is None else _gather_bf16(x, gather), weight, compute_dtype)
         else:
-            x_op = quantize_operand(x2, spec.fprop.a, transpose=False, rng=rng, name="Fprop X", scales=x_scales,
-                                    amax=amax).operand()
+            if gather is None:
+                x_op = quantize_operand(x2, spec.fprop.a, transpose=False, rng=rng, name="Fprop X", scales=x_scales,
+                                        amax=amax).operand()
+            else:
+                x_op = gathered_rows_operand(x2, spec.fprop.a, batch, gather, rng=rng, name="Fprop X", amax=amax)
             reuse_w = dgrad is not None and spec.reuses_forward_weight  # Dgrad's W^T: these 16x16 codes transposed
             w_codes = quantize_operand(weight, spec.fprop.b, transpose=False, rng=rng, name="Fprop W", amax=amax,
                                        with_transpose=reuse_w)
             out = nvfp4_gemm(x_op, w_codes.operand(), compute_dtype)
             if reuse_w:
                 w_t_op = w_codes.t().operand()
-        ctx.spec, ctx.compute_dtype, ctx.amax = spec, compute_dtype, amax
+        ctx.spec, ctx.compute_dtype, ctx.amax, ctx.gather, ctx.batch = spec, compute_dtype, amax, gather, batch
         ctx.seed_saved = isinstance(rng, torch.Tensor)  # a seed tensor is saved (compile traces it)
         ctx.generator = None if ctx.seed_saved else rng
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -482,13 +557,13 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
             *((w_t_op.data, w_t_op.scale, w_t_op.decode) if w_t_op is not None else (None,) * 3),
             x_scales, rng if ctx.seed_saved else None,
         )
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+        return out.reshape(*x.shape[:-2], -1, weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_output):
         x2, weight, w_t_data, w_t_scale, w_t_decode, x_scales, seed = ctx.saved_tensors
         spec: LinearSpec = ctx.spec
-        compute_dtype, amax = ctx.compute_dtype, ctx.amax
+        compute_dtype, amax, gather = ctx.compute_dtype, ctx.amax, ctx.gather
         rng = seed if ctx.seed_saved else ctx.generator
         needs_dgrad, needs_wgrad = ctx.needs
         dgrad = spec.dgrad if needs_dgrad else None
@@ -513,18 +588,27 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
                     w_t_op = quantize_operand(weight, dgrad.b, transpose=True, rng=rng, name="Dgrad W^T",
                                               amax=amax).operand()
                 grad_x = nvfp4_gemm(dy_op, w_t_op, compute_dtype)
-            grad_x = grad_x.to(ctx.x_dtype).reshape(ctx.x_shape)
+            grad_x = grad_x.to(ctx.x_dtype)
+            if gather is not None:  # [B T, K] partial sums of every token -> the rank's [B, t, K] of their sum
+                grad_x = funcol.wait_tensor(_reduce_scatter(grad_x.reshape(ctx.batch, -1, grad_x.shape[-1]), "sum",
+                                                            scatter_dim=1, group=gather))
+            grad_x = grad_x.reshape(ctx.x_shape)
         if needs_wgrad:
             if wgrad is None:
-                grad_weight = high_precision_gemm(dy.t(), x2.t(), compute_dtype)
+                x_all = x2 if gather is None else _gather_bf16(x2.reshape(ctx.batch, -1, x2.shape[-1]), gather)
+                grad_weight = high_precision_gemm(dy.t(), x_all.t(), compute_dtype)
             else:
                 dy_t_op = quantize_operand(dy, wgrad.a, transpose=True, rng=rng, name="Wgrad dY^T", scales=dy_scales,
                                            amax=amax).operand()
-                x_t_op = quantize_operand(x2, wgrad.b, transpose=True, rng=rng, name="Wgrad X^T", scales=x_scales,
-                                          amax=amax).operand()
+                if gather is None:
+                    x_t_op = quantize_operand(x2, wgrad.b, transpose=True, rng=rng, name="Wgrad X^T", scales=x_scales,
+                                              amax=amax).operand()
+                else:
+                    x_t_op = gathered_columns_operand(x2, wgrad.b, ctx.batch, gather, rng=rng, name="Wgrad X^T",
+                                                      amax=amax)
                 grad_weight = nvfp4_gemm(dy_t_op, x_t_op, compute_dtype)
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_x, grad_weight, None, None, None, None, None
+        return grad_x, grad_weight, None, None, None, None, None, None
 
 
 class TorchNvfp4Linear(NativeQuantizedLinear):
@@ -535,10 +619,25 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
     Stochastic rounding draws as ``QuantLinear`` draws (``rounding_rng``).
     """
 
+    sequence_group = None
+    """The tp group when the layer gathers its sequence-parallel input itself, quantized (``gather_input``)."""
+
     def default_spec(self) -> LinearSpec:
         return nvfp4_linear_spec()
 
     check_spec = staticmethod(check_spec)
+
+    def gather_input(self, group) -> None:
+        """Take the rank's share [B, t, K] of a sequence-parallel input and gather it here, quantized (the section
+        "Quantize, then gather" above): a column-parallel layer (``set_tensor_parallel('column', ...)`` first),
+        whose X and X^T then take the group's amax too. A GEMM the spec keeps in high precision gathers X in the
+        compute dtype; the output's rows are every token's, as with the gather before the layer."""
+        reduction = self.amax_reduction
+        if reduction is None or "Fprop W" not in reduction.operands or "Fprop X" in reduction.operands:
+            raise ValueError(f"layer {self.name!r}: only a column-parallel layer gathers its input "
+                             "(set_tensor_parallel('column', ...) first)")
+        self.amax_reduction = AmaxReduction(reduction.group, reduction.operands | GATHERED_INPUT_OPERANDS)
+        self.sequence_group = group
 
     def check_input(self, x: torch.Tensor) -> None:
         super().check_input(x)
@@ -547,6 +646,8 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
         columns = {"fprop": ("out_features", out_features), "dgrad": ("in_features", in_features),
                    "wgrad": ("in_features", in_features)}
         running = self.gemms_to_check(x)
+        if self.sequence_group is not None:
+            check_gathered_share(x, self.name)
         for gemm in GEMMS:
             dim_name, size = columns[gemm]
             if getattr(running, gemm) is not None and size % BLOCK:
@@ -558,7 +659,8 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
         # Traceable by Dynamo inside compiled blocks: the kernels trace as in QuantLinear, the GEMM is an op.
         check_native_support(x.device, self.name)
         return _TorchNvfp4LinearFunction.apply(x, local_tensor(self.weight), self.spec, self.rounding_rng(),
-                                               compute_dtype, torch.is_grad_enabled(), self.amax_reduction)
+                                               compute_dtype, torch.is_grad_enabled(), self.amax_reduction,
+                                               self.sequence_group)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, native NVFP4"

@@ -97,6 +97,9 @@ TP_AMAX_OPERANDS = {
 }
 """Tensor-parallel role of a layer -> the operands (``models.quant.linear.OPERAND_NAMES``) whose
 per-tensor amax is reduced over the tensor-parallel group."""
+GATHERED_INPUT_OPERANDS = frozenset({"Fprop X", "Wgrad X^T"})
+"""The operands of a column-parallel layer that gathers its sequence-parallel input itself, quantized
+(``models.quant.nvfp4_torch``): quantized from the rank's tokens, they take the group's amax too."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ call, and (distributed) the list against every collective the trainer's step iss
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -24,7 +25,7 @@ from trainer.planning.collectives import (
     group_span,
     step_collectives,
 )
-from trainer.planning.layout import resolve_layout
+from trainer.planning.layout import quantized_input_gathers, resolve_layout
 from trainer.planning.parameters import fsdp_units, unit_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,6 +219,14 @@ def _worker(overrides: list, out: str) -> None:
 
     cfg = compose(overrides)
     env = init_distributed(cfg.parallel)
+    if cfg.precision.backend == "torch":  # the native NVFP4 layer on the CPU: its GEMM from the packed operands
+        import models.quant.recipe as recipe
+        from models.quant import nvfp4_torch
+
+        recipe.resolve_backend = lambda *args, **kwargs: "torch"
+        nvfp4_torch.nvfp4_gemm = lambda a, b, out_dtype: (a.dequantize() @ b.dequantize().t()).to(out_dtype)
+        nvfp4_torch.check_native_support = lambda *args, **kwargs: None
+        apply_precision = recipe.apply_precision
     model = build_model_on(cfg, env.device)
     apply_precision(model, cfg.precision, device=env.device)
     parallelize(model, cfg.parallel, env)
@@ -276,6 +285,10 @@ def _issued(calls: list, tp: int) -> Counter:
     # parallel=auto's composition past 256 GPUs: tp x FSDP x HSDP, quantized (amax all-reduces over tp)
     (8, ["precision=nvfp4", "precision.backend=emulated", "train.global_batch_size=8", "parallel.tp=2",
          "parallel.dp_shard=2", "parallel.dp_replicate=2"]),
+    # parallel=auto on Blackwell: the native NVFP4 layer, whose in_proj and up_proj gather their input quantized
+    (4, ["precision=nvfp4", "precision.backend=torch", "precision.gradient_stochastic_rounding=false",
+         "precision.bf16_layers_at_start=0", "precision.bf16_layers_at_end=1", "train.global_batch_size=4", "parallel.tp=2", "parallel.activation_checkpoint=M",
+         "model.mamba_num_heads=32", "model.mamba_head_dim=4"]),
 ])
 def test_the_list_is_what_the_trainer_issues_on_gloo(tmp_path, ranks, overrides):
     overrides = TINY + overrides
@@ -286,8 +299,13 @@ def test_the_list_is_what_the_trainer_issues_on_gloo(tmp_path, ranks, overrides)
         cwd=ROOT, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert result.returncode == 0, result.stderr[-3000:]
     cfg = compose(overrides)
+    layout = resolve_layout(cfg, cpu_spec(), ranks)
+    if cfg.precision.backend == "torch":  # the layout Blackwell resolves, at the CPU's compute bytes
+        layout = dataclasses.replace(layout, backend="native", saves_quantized_input=False,
+                                     gathers_quantized_input=True)
+        assert len(quantized_input_gathers(cfg.model, layout)) == 4  # M-M*M-: the last block stays in BF16
     planned = Counter()
-    for collective in step_collectives(cfg.model, resolve_layout(cfg, cpu_spec(), ranks)):
+    for collective in step_collectives(cfg.model, layout):
         planned[(collective.op, collective.bytes_per_call)] += collective.calls_per_step
     assert _issued(json.loads(out.read_text()), cfg.parallel.tp) == planned
 

@@ -105,3 +105,75 @@ def _layer_worker(rank: int, world: int) -> None:
 @pytest.mark.distributed
 def test_the_sharded_native_nvfp4_layer_is_the_sharded_emulated_layer():
     run_ranks(_layer_worker, 2)
+
+
+def _gather_worker(rank: int, world: int) -> None:
+    """The tiny hybrid in native NVFP4 (the GEMM computed from the packed operands) at tp=2, round-to-nearest:
+    the mixers whose one column-parallel linear gathers its input quantized (Mamba's in_proj, the MLP's
+    up_proj) compute, bit for bit, what the same model computes when every mixer's input is gathered in high
+    precision first: the gathered codes and scales (X forward, X^T backward) are those of the gathered tensor.
+    Without the group's amax for X the logits move (the control)."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    import models.quant.recipe as recipe
+    import trainer.tensor_parallel as tensor_parallel
+    from models.quant import nvfp4_torch
+    from models.quant.quantized_linear import TP_AMAX_OPERANDS, AmaxReduction
+    from test_tensor_parallel import build, precision_config, tp_config, tp_mesh
+
+    nvfp4_torch.nvfp4_gemm = lambda a, b, out_dtype: (a.dequantize() @ b.dequantize().t()).to(out_dtype)
+    nvfp4_torch.check_native_support = lambda *args, **kwargs: None
+    recipe.resolve_backend = lambda *args, **kwargs: "torch"
+    mesh = tp_mesh(world, world)
+    precision = precision_config("nvfp4", bf16_layers_at_start=0, bf16_layers_at_end=0,
+                                 gradient_stochastic_rounding=False, backend="torch")
+    cfg = tp_config()
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, cfg.vocab_size, (2, 64), generator=generator)
+    labels = torch.randint(0, cfg.vocab_size, (2, 64), generator=generator)
+    original = tensor_parallel.quantized_input_gatherer
+
+    def run(gathers: bool, control: bool = False):
+        model = build(cfg, precision)
+        assert isinstance(model.layers[0].mixer.in_proj, nvfp4_torch.TorchNvfp4Linear)
+        tensor_parallel.quantized_input_gatherer = original if gathers else (lambda block: None)
+        try:
+            info = tensor_parallel.apply_tensor_parallel(model, mesh)
+        finally:
+            tensor_parallel.quantized_input_gatherer = original
+        if control:  # the gathered X quantized with each rank's own amax
+            for block in model.layers:
+                layer = original(block)
+                if layer is not None:
+                    layer.amax_reduction = AmaxReduction(layer.amax_reduction.group, TP_AMAX_OPERANDS["column"])
+        with CommDebugMode() as forward_comms:
+            logits = model(ids)
+        loss = tensor_parallel.cross_entropy(logits, labels, mesh)
+        with CommDebugMode() as backward_comms:
+            loss.backward()
+        tensor_parallel.reduce_tp_replicated_grads(model)
+        grads = {name: param.grad.to_local() for name, param in model.named_parameters()}
+        return info, (forward_comms, backward_comms), logits.detach(), grads
+
+    info, comms, logits, grads = run(gathers=True)
+    assert info["quantized_input_gathers"] == 5  # M-M*M-: three in_proj, two up_proj; attention gathers first
+    for counted, phase in zip(comms, ("forward", "backward")):
+        counts = {str(op).split(".")[-1]: n for op, n in counted.get_comm_counts().items()}
+        expected = info["collectives_per_micro_batch"][phase]
+        assert counts.get("all_gather_into_tensor", 0) == expected["all_gather"] == 7 + 5 * (phase == "backward")
+        assert counts.get("reduce_scatter_tensor", 0) == expected["reduce_scatter"] == 7
+        assert counts.get("all_reduce", 0) == expected["amax_all_reduce"]
+    info_hp, _, logits_hp, grads_hp = run(gathers=False)
+    assert info_hp["quantized_input_gathers"] == 0
+    assert info["collectives_per_micro_batch"]["forward"]["amax_all_reduce"] == \
+        info_hp["collectives_per_micro_batch"]["forward"]["amax_all_reduce"] + 5  # each gatherer's X
+    assert torch.equal(logits, logits_hp)
+    for name, grad in grads.items():
+        assert torch.equal(grad, grads_hp[name]), name
+    _, _, logits_control, _ = run(gathers=True, control=True)
+    assert not torch.equal(logits_control, logits)
+
+
+@pytest.mark.distributed
+def test_quantized_input_gathers_compute_what_the_high_precision_gather_does():
+    run_ranks(_gather_worker, 2)

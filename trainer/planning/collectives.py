@@ -26,8 +26,9 @@ FSDP2 issues neither all-gather nor reduce-scatter on a shard group of one rank 
 all-reduce still runs. Tensor parallelism (parallel.tp = T > 1, sequence parallel; t tokens a micro-batch,
 h hidden), per block and micro-batch, not overlapped with compute:
 
-    all_gather over tp      c t h    the mixer input along the sequence: forward, backward (the
-                                     reduce-scatter's gradient), and again in a recomputing block's forward
+    all_gather over tp      c t h    the mixer input along the sequence (unless its linear gathers it
+                                     quantized, below): forward, backward (the reduce-scatter's gradient),
+                                     and again in a recomputing block's forward
     reduce_scatter over tp  c t h    the mixer output: forward, backward (the all-gather's gradient); not
                                      in a recomputation (torch's non-reentrant checkpoint stops at the last
                                      saved tensor backward needs, before the output's reduce-scatter)
@@ -38,11 +39,17 @@ h hidden), per block and micro-batch, not overlapped with compute:
                                      over the vocabulary); reduce_scatter over tp, c t h: its gradient
     all_reduce over tp      4 t      three a micro-batch, the vocabulary-parallel loss: the logits' max,
                                      the sum of their exponentials, the target's logit (FP32 per token)
+    all_gather over tp      t h (1/2 + 1/16)  where a mixer's one column-parallel linear (Mamba's in_proj, the
+                                     MLP's up_proj) runs in NVFP4 on the torch layer, it gathers its input
+                                     itself as packed codes and block scales in place of the mixer's BF16
+                                     gather: X forward (again in a recomputing block), X^T for Wgrad in the
+                                     backward (c t h: X, when Wgrad runs in the compute dtype); its dX
+                                     reduce-scatter is the mixer input's above
     all_reduce over tp      4 bytes  each per-tensor amax of a quantized TP linear whose format has a tensor
                                      scale (NVFP4, per-tensor FP8): column-parallel W (Fprop), dY (Dgrad),
-                                     dY^T (Wgrad); row-parallel W and X (Fprop), X^T (Wgrad); a recomputing
-                                     block repeats its Fprop ones; a quantized LM head, column-parallel over
-                                     the vocabulary, as a column-parallel linear
+                                     dY^T (Wgrad); row-parallel and gathering ones W and X (Fprop), X^T
+                                     (Wgrad); a recomputing block repeats its Fprop ones; a quantized LM
+                                     head, column-parallel over the vocabulary, as a column-parallel linear
     all_reduce over tp      4 x n    once a step, the gradients of every parameter replicated over TP
                                      (block norms, final norm) in one flat FP32
                                      buffer of their FSDP-sharded local tensors (n = sum of padded / S;
@@ -75,7 +82,7 @@ from typing import Dict, List, Tuple
 from models.config import ModelConfig
 from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
-from trainer.planning.layout import RunLayout, memoized
+from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers
 from trainer.planning.parameters import COLUMN_PARALLEL, HEAD, UnitSize, fsdp_units, unit_sizes
 
 ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
@@ -162,16 +169,21 @@ def _fsdp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]
     return out
 
 
+NVFP4_GATHERED_BYTES = 0.5 + 1 / 16
+"""Bytes per element of a gathered NVFP4 operand: its E2M1 code (half a byte) and a 16th of its block's E4M3
+scale (a reduction of a multiple of 32, as the hidden sizes are: no padding)."""
+
+
 def _has_tensor_scale(fmt: str) -> bool:
     return fmt != "bf16" and FORMAT_COSTS[fmt].amax_pass
 
 
-def _linear_amaxes(layout: RunLayout, name: str, column: bool, recomputes: bool) -> int:
+def _linear_amaxes(layout: RunLayout, name: str, column: bool, recomputes: bool, gathers: bool = False) -> int:
     """Per micro-batch: amax all-reduces of one TP linear (module docstring)."""
     formats = layout.gemm_formats.get(name, {})
     fprop, dgrad, wgrad = (_has_tensor_scale(formats.get(kind, "bf16")) for kind in ("fprop", "dgrad", "wgrad"))
-    forward = fprop * (1 if column else 2)  # column: W; row: W and X
-    backward = (dgrad if column else 0) + wgrad  # column: dY, dY^T; row: X^T
+    forward = fprop * (1 if column and not gathers else 2)  # column: W; row, or gathering its input: W and X
+    backward = (dgrad if column else 0) + wgrad * (2 if gathers else 1)  # column: + X^T where it gathers X
     backward += dgrad * (not layout.weight_reused)  # Dgrad's W^T quantized again (1D weight blocks)
     return forward * (2 if recomputes else 1) + backward
 
@@ -182,10 +194,12 @@ _AMAX_CACHE: dict = {}
 def amaxes_per_micro_batch(model: ModelConfig, layout: RunLayout) -> int:
     """Amax all-reduces of one micro-batch over the TP group (module docstring)."""
     amaxes = 0
+    gathering = quantized_input_gathers(model, layout)
     for index, symbol in enumerate(model.pattern):
         for module, _, _, _ in block_linears(model, symbol):
-            amaxes += _linear_amaxes(layout, f"layers.{index}.mixer.{module}", module in COLUMN_PARALLEL,
-                                     symbol in layout.checkpointed)
+            name = f"layers.{index}.mixer.{module}"
+            amaxes += _linear_amaxes(layout, name, module in COLUMN_PARALLEL, symbol in layout.checkpointed,
+                                     name in gathering)
     return amaxes + _linear_amaxes(layout, "lm_head", True, False)  # column-parallel over the vocabulary
 
 
@@ -197,10 +211,14 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     activation = layout.compute_bytes * layout.tokens_per_micro_batch * model.hidden_size
     compute = DTYPE_NAMES.get(layout.compute_bytes, "float16")
     blocks = len(model.pattern)
-    recomputing = sum(symbol in layout.checkpointed for symbol in model.pattern)
-    # Forward and backward; a recomputing block gathers its input again, but torch's checkpoint stops
-    # recomputing at the last tensor backward needs, before the output's reduce-scatter (which saves none).
-    out = [Collective(ALL_GATHER, TP, T, activation, A * (2 * blocks + recomputing), compute,
+    gathering = quantized_input_gathers(model, layout)
+    gathering_blocks = {int(name.split(".")[1]): name for name in gathering}
+    recomputing = sum(symbol in layout.checkpointed for index, symbol in enumerate(model.pattern)
+                      if index not in gathering_blocks)
+    # Forward and backward (the output's gradient); a recomputing block gathers its input again, but torch's
+    # checkpoint stops recomputing at the last tensor backward needs, before the output's reduce-scatter (which
+    # saves none). A block whose linear gathers its input quantized gathers only the output's gradient here.
+    out = [Collective(ALL_GATHER, TP, T, activation, A * (2 * blocks - len(gathering) + recomputing), compute,
                       "sequence-parallel mixer input"),
            Collective(REDUCE_SCATTER, TP, T, activation, A * 2 * blocks, compute, "sequence-parallel mixer output"),
            Collective(REDUCE_SCATTER, TP, T, activation, A, compute, "vocabulary-parallel embedding rows (forward)"),
@@ -210,6 +228,18 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
                       "(backward)"),
            Collective(ALL_REDUCE, TP, T, 4 * layout.tokens_per_micro_batch, 3 * A, "float32",
                       "vocabulary-parallel loss (max, sum of exponentials, target logit)")]
+    # A gathering linear: X's codes and block scales forward (again when its block recomputes), X^T's for Wgrad
+    # in the backward (X itself when Wgrad runs in the compute dtype); its dX reduce-scatter is the one above.
+    codes = layout.tokens_per_micro_batch * model.hidden_size * NVFP4_GATHERED_BYTES
+    forward_gathers = sum(1 + (model.pattern[index] in layout.checkpointed) for index in gathering_blocks)
+    wgrad_quantized = sum(layout.gemm_formats.get(name, {}).get("wgrad", "bf16") != "bf16" for name in gathering)
+    if gathering:
+        out.append(Collective(ALL_GATHER, TP, T, codes, A * (forward_gathers + wgrad_quantized), "uint8",
+                              "sequence-parallel input of a column-parallel NVFP4 linear, quantized (codes and "
+                              "block scales)"))
+    if len(gathering) > wgrad_quantized:
+        out.append(Collective(ALL_GATHER, TP, T, activation, A * (len(gathering) - wgrad_quantized), compute,
+                              "sequence-parallel input of a column-parallel NVFP4 linear for its BF16 Wgrad"))
     amaxes = memoized(_AMAX_CACHE, model, layout, lambda: amaxes_per_micro_batch(model, layout), micro_batch=False)
     if amaxes:
         out.append(Collective(ALL_REDUCE, TP, T, 4, A * amaxes, "float32",

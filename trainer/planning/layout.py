@@ -78,6 +78,12 @@ class RunLayout:
     False: it keeps X in the compute dtype and quantizes X^T in the backward (the torch NVFP4 layer, as the
     emulated one does)."""
 
+    gathers_quantized_input: bool = False
+    """Under tensor parallelism, a mixer's one column-parallel linear (Mamba's in_proj, the MLP's up_proj) in
+    NVFP4 gathers its sequence-parallel input as packed codes and scales, quantized from the rank's tokens (the
+    torch NVFP4 layer, trainer.tensor_parallel.quantized_input_gatherer); False: every mixer's input is
+    gathered in the compute dtype first."""
+
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.micro_batch * self.seq_len
@@ -98,7 +104,7 @@ class RunLayout:
         return (self.tp, self.micro_batch if micro_batch else None, self.seq_len,
                 self.checkpointed if checkpointing else None,
                 self.compute_bytes, self.residual_bytes, self.backend, self.compiled, self.fsdp, self.weight_reused,
-                self.saves_quantized_input, id(self.gemm_formats))
+                self.saves_quantized_input, self.gathers_quantized_input, id(self.gemm_formats))
 
     def linear_format(self, name: str) -> str:
         """The format of a linear's Fprop ('bf16' when it is not quantized)."""
@@ -231,6 +237,23 @@ def _saves_quantized_input(cfg: TrainConfig, backend: str) -> bool:
     return backend == "native" and not (torch_layer and quantize_kernel(cfg.precision.format) == "nvfp4")
 
 
+def quantized_input_gathers(model: ModelConfig, layout: "RunLayout") -> frozenset:
+    """The linears that gather their sequence-parallel input quantized (``RunLayout.gathers_quantized_input``):
+    a block's column-parallel linear when it is the mixer's only one and its Fprop is quantized."""
+    if not layout.gathers_quantized_input or layout.tp == 1:
+        return frozenset()
+    from models.gemms import block_linears
+    from trainer.planning.parameters import COLUMN_PARALLEL
+
+    names = []
+    for index, symbol in enumerate(model.pattern):
+        columns = [module for module, _, _, _ in block_linears(model, symbol) if module in COLUMN_PARALLEL]
+        name = f"layers.{index}.mixer.{columns[0]}" if len(columns) == 1 else None
+        if name is not None and layout.linear_format(name) != "bf16":
+            names.append(name)
+    return frozenset(names)
+
+
 def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Optional[int] = None,
                    model: Optional[ModelConfig] = None) -> RunLayout:
     """The layout of ``cfg`` on ``gpus`` devices like ``gpu`` (``model`` replaces cfg.model, e.g. adopted from HF)."""
@@ -266,6 +289,7 @@ def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Opt
         checkpointed=checkpointed_symbols(cfg.parallel.activation_checkpoint),
         compiled=cfg.parallel.compile, cuda_graph=cfg.parallel.cuda_graph, backend=backend,
         saves_quantized_input=_saves_quantized_input(cfg, backend),
+        gathers_quantized_input=cfg.parallel.tp > 1 and backend == "native" and not _saves_quantized_input(cfg, backend),
         gemm_formats=gemm_formats(model, cfg.precision), tp=cfg.parallel.tp, reshard=cfg.parallel.reshard,
         grad_reduce=cfg.parallel.grad_reduce, batch=batch, reduce_dtype=cfg.parallel.reduce_dtype,
         weight_reused=costs_for_recipe(cfg.precision)[RECIPE_FORMATS[cfg.precision.format]].weight_transpose_invariant,

@@ -61,7 +61,7 @@ from typing import Dict
 from models.config import ModelConfig
 from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
-from trainer.planning.layout import RunLayout, memoized
+from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers
 from trainer.planning.parameters import COLUMN_PARALLEL, head_local, largest_block_local, local_parameters
 
 GIB = 2**30
@@ -129,13 +129,15 @@ def block_activation_bytes(cfg: ModelConfig, layout: RunLayout, index: int, tp: 
     symbol = cfg.pattern[index]
     total = (layout.residual_bytes * cfg.hidden_size + 4 + mixer_internal_bytes(cfg, symbol, layout.compute_bytes)) / tp
     seen_inputs = set()
+    gathering = quantized_input_gathers(cfg, layout)  # these save their rank's tokens of X
     for module, _, in_features, _ in block_linears(cfg, symbol):
         shares_input = module in ("q_proj", "k_proj", "v_proj")
         if shares_input and "qkv" in seen_inputs:
             continue
         seen_inputs.add("qkv" if shares_input else module)
-        width = in_features if module in COLUMN_PARALLEL else in_features / tp
-        total += width * linear_saved_input_bytes(layout, f"layers.{index}.mixer.{module}")
+        name = f"layers.{index}.mixer.{module}"
+        width = in_features if module in COLUMN_PARALLEL and name not in gathering else in_features / tp
+        total += width * linear_saved_input_bytes(layout, name)
     return total
 
 

@@ -61,7 +61,7 @@ from models.flops import flops_breakdown
 from models.gemms import ATTENTION_KIND
 from trainer.planning.collectives import Collective, call_seconds, seconds_by_kind, step_collectives
 from trainer.planning.gemm_costs import FORMAT_COSTS, OUTPUT_BYTES, gemm_operand_bytes, quantization_bytes
-from trainer.planning.layout import RunLayout, memoized
+from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers
 from trainer.planning.memory import block_activation_bytes, linear_saved_input_bytes
 from trainer.planning.parameters import EMBEDDINGS, HEAD, local_parameters
 from trainer.planning.tensor_parallel import local_training_gemms
@@ -144,6 +144,7 @@ def _gemm_totals(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> Dict[o
     split into Fprop (which a recomputing block runs twice) and the rest."""
     bandwidth, emulated = layout.gpu.hbm_bytes_per_s, layout.backend == "emulated"
     totals: Dict[object, Dict[str, float]] = {}
+    gathering = quantized_input_gathers(cfg, layout)  # these quantize their rank's tokens of X
     for gemm in local_training_gemms(cfg, layout.tokens_per_micro_batch, layout.seq_len, layout.tp):
         if gemm.kind == ATTENTION_KIND:
             continue  # flash attention: _compute_micro_batch_parts
@@ -156,7 +157,7 @@ def _gemm_totals(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> Dict[o
                                                            else 0.0)
         entry["fprop" if forward else "rest"] += max(gemm.flops / _gemm_rate(layout, fmt, eff), traffic / bandwidth)
         if fmt != "bf16":
-            quantized = quantization_bytes(gemm, fmt)
+            quantized = quantization_bytes(gemm, fmt, input_share=1 / layout.tp if gemm.name in gathering else 1.0)
             if emulated and (gemm.kind == "wgrad" or not layout.compiled):
                 quantized += (4 + 2) * gemm.M * gemm.N  # the FP32 output scaled and rounded to BF16
             entry["fprop_quant" if forward else "rest_quant"] += quantized / (bandwidth * eff.quantization)
