@@ -36,7 +36,9 @@ over the tp group and autograd-aware (torch's functional collectives), per block
     quantized      an all-reduce (MAX) of one fp32 amax per sharded operand with a per-tensor scale
     linears        (NVFP4, FP8 per tensor; ``models.quant.quantized_linear.TP_AMAX_OPERANDS``)
 
-(forward hooks on each mixer: ``gather_sequence`` / ``reduce_scatter_sequence``). Everything else runs
+(forward hooks on each mixer: ``gather_sequence`` / ``reduce_scatter_sequence``; where the native NVFP4 layer
+runs, the mixer's linears move these operands themselves, quantized: ``quantized_input_gatherer`` /
+``quantized_output_scatterer`` below, models.quant.nvfp4_torch). Everything else runs
 on the rank's contiguous T/tp tokens with no communication: norms, residual adds and the final norm (the
 model takes the full input_ids [B, T] and returns each rank's vocabulary columns of every token's logits,
 [B, T, V/tp]). ``cross_entropy`` then reduces the softmax's max, its sum and the target's logit over the
@@ -309,6 +311,19 @@ def quantized_input_gatherer(block: nn.Module):
     return layer if isinstance(layer, TorchNvfp4Linear) and layer.spec.fprop is not None else None
 
 
+def quantized_output_scatterer(block: nn.Module):
+    """The mixer's row-parallel linear when it reduce-scatters its output itself and gathers the output's
+    gradient as codes, or None: the native NVFP4 layer whose Dgrad and Wgrad are both NVFP4 when the pass runs
+    (``TorchNvfp4Linear.scatter_output``); every other mixer's output is reduce-scattered after it
+    (``_reduce_scatter_hook``), its gradient gathered in high precision."""
+    from models.quant.nvfp4_torch import TorchNvfp4Linear
+
+    rows = [child for child, role in LINEAR_ROLES[block.symbol].items() if role == "row"]
+    layer = getattr(block.mixer, rows[0]) if len(rows) == 1 else None
+    quantized = isinstance(layer, TorchNvfp4Linear) and layer.spec.dgrad is not None and layer.spec.wgrad is not None
+    return layer if quantized else None
+
+
 def _check_linear(layer: nn.Module, name: str, role: str, tp: int) -> None:
     """ValueError naming the layer unless this pass can shard it in ``role``."""
     if isinstance(layer, QuantizedLinear):
@@ -350,7 +365,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
     counts = {"tp": tp, "column_parallel_linears": 0, "row_parallel_linears": 0, "sharded_vectors": 0,
               "vocab_parallel_embeddings": 0, "vocab_parallel_lm_heads": 0,
               "replicated_parameters": 0, "quantized_sharded_linears": 0, "sequence_parallel_mixers": 0,
-              "quantized_input_gathers": 0,
+              "quantized_input_gathers": 0, "quantized_output_scatters": 0,
               "collectives_per_micro_batch": {
                   "forward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0},
                   "backward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0}}}
@@ -412,7 +427,13 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
             counts["collectives_per_micro_batch"]["forward"]["amax_all_reduce"] += gatherer.spec.fprop is not None
             counts["collectives_per_micro_batch"]["backward"]["amax_all_reduce"] += gatherer.spec.wgrad is not None
             counts["collectives_per_micro_batch"]["backward"]["all_gather"] += 1  # X^T's codes (or X) for Wgrad
-        block.mixer.register_forward_hook(functools.partial(_reduce_scatter_hook, group))
+        scatterer = quantized_output_scatterer(block)
+        if scatterer is None:
+            block.mixer.register_forward_hook(functools.partial(_reduce_scatter_hook, group))
+        else:  # the mixer's row-parallel linear reduce-scatters its output, and gathers dY and dY^T as codes
+            scatterer.scatter_output(group)
+            counts["quantized_output_scatters"] += 1
+            counts["collectives_per_micro_batch"]["backward"]["amax_all_reduce"] += 2
         counts["sequence_parallel_mixers"] += 1
         for phase in ("forward", "backward"):
             counts["collectives_per_micro_batch"][phase]["all_gather"] += 1

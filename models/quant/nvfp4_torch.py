@@ -67,7 +67,11 @@ their FP4 / FP8 dtypes inside the op only.
 Tensor parallelism (``QuantizedLinear.set_tensor_parallel``): the GEMMs take the weight's local shard; an
 operand the layer's ``amax_reduction`` names takes the group's amax, as in the emulated layer (the kernels' own
 amax pass over the shard reduced over the group, ``kernels.nvfp4.group_scales``; the torch reference where the
-kernels do not run), so a sharded layer's codes are the unsharded layer's.
+kernels do not run), so a sharded layer's codes are the unsharded layer's. Under sequence parallelism the
+layer also moves operands along the sequence quantized (the section "Quantize, then gather"): a column-parallel
+layer given ``gather_input`` takes the rank's tokens and gathers X's codes (forward) and X^T's (backward),
+reduce-scattering dX; a row-parallel one given ``scatter_output`` reduce-scatters its output and gathers dY's
+and dY^T's codes in the backward. The gathered codes are those of the gathered tensor, bit for bit.
 
 Sources: TE ``core_nvfp4.cuh`` (the quantization); PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp``,
 ``torch/_meta_registrations.py``, ``test/test_scaled_matmul_cuda.py``,
@@ -76,7 +80,6 @@ Sources: TE ``core_nvfp4.cuh`` (the quantization); PyTorch ``aten/src/ATen/nativ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -90,16 +93,13 @@ from models.quant.format_registry import NVFP4_TORCH
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, nvfp4_linear_spec
 from models.quant.linear import (RoundingRng, amax_reduced, group_kernel_scales, kernel_for, operand_generator,
                                  operand_seed)
-from models.quant.quantized_linear import (GATHERED_INPUT_OPERANDS, AmaxReduction, NativeQuantizedLinear, group_amax,
-                                           high_precision_gemm, with_amax_rows)
+from models.quant.quantized_linear import (GATHERED_INPUT_OPERANDS, SCATTERED_OUTPUT_OPERANDS, AmaxReduction,
+                                           NativeQuantizedLinear, group_amax, high_precision_gemm, with_amax_rows)
+from models.quant.nvfp4_layout import BLOCK, REDUCTION_MULTIPLE, Nvfp4Codes, Nvfp4Operand
 from models.quant.rht import rht
+from models.quant.sequence_gather import (check_gathered_share, gather_along_sequence, gather_sequence,
+                                          launch_sequence_gather, reduce_scatter_along_sequence)
 
-BLOCK = 16
-"""Elements per block scale (and the edge of a 2D weight tile)."""
-REDUCTION_MULTIPLE = 32
-"""A packed row of whole 16 bytes: what torch's scaled_mm takes along the reduction dim."""
-SCALE_TILE_ROWS, SCALE_TILE_COLUMNS = 128, 4
-"""cuBLAS's block-scale tile: 128 rows of 4 scales (512 bytes)."""
 REQUIREMENT = f"torch.nn.functional.scaled_mm with NVFP4 recipes on a CUDA GPU of {NVFP4_TORCH.describe()}"
 
 
@@ -175,138 +175,6 @@ def check_spec(spec: LinearSpec, name: str = "") -> None:
             continue
         for operand, label in zip((gemm_spec.a, gemm_spec.b), labels[gemm]):
             check_operand(operand, f"layer {name!r} ({gemm.capitalize()} {label}, {operand.describe()}): ")
-
-
-# ----------------------------------------------------------------------------------------------
-# Packing and the scale layout
-
-
-def pack_codes(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 E2M1 codes [rows, cols] (any strides) -> [rows, cols / 2] uint8, row-major, element 2j in the
-    low nibble and 2j + 1 in the high one: the bytes of torch.float4_e2m1fn_x2."""
-    if codes.shape[-1] % 2:
-        raise ValueError(f"pack_codes: an even number of columns is needed, got {list(codes.shape)}")
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
-
-
-def unpack_codes(data: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``pack_codes``: [rows, bytes] uint8 -> [rows, 2 * bytes] codes."""
-    return torch.stack((data & 15, data >> 4), dim=-1).reshape(data.shape[0], -1)
-
-
-def _scale_tiles(rows: int, cols: int) -> Tuple[int, int]:
-    return -(-rows // SCALE_TILE_ROWS), -(-cols // SCALE_TILE_COLUMNS)
-
-
-def swizzle_scales(scales: torch.Tensor) -> torch.Tensor:
-    """Block scales [rows, cols] (one byte each) -> one vector in cuBLAS's 128x4 tile layout, zero-padded.
-
-    Row r = 128 t + 32 a + b and column c = 4 u + v land at 512 (t * tiles_per_row + u) + 16 b + 4 a + v:
-    the view [t, a, b, u, v] read in the order [t, u, b, a, v]."""
-    rows, cols = scales.shape
-    row_tiles, col_tiles = _scale_tiles(rows, cols)
-    padded = F.pad(scales, (0, col_tiles * SCALE_TILE_COLUMNS - cols, 0, row_tiles * SCALE_TILE_ROWS - rows))
-    return padded.reshape(row_tiles, 4, 32, col_tiles, SCALE_TILE_COLUMNS).permute(0, 3, 2, 1, 4).reshape(-1)
-
-
-def unswizzle_scales(swizzled: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """The inverse of ``swizzle_scales``: the [rows, cols] scales back from the tile layout."""
-    row_tiles, col_tiles = _scale_tiles(rows, cols)
-    tiles = swizzled.reshape(row_tiles, col_tiles, 32, 4, SCALE_TILE_COLUMNS).permute(0, 3, 2, 1, 4)
-    return tiles.reshape(row_tiles * SCALE_TILE_ROWS, col_tiles * SCALE_TILE_COLUMNS)[:rows, :cols]
-
-
-@dataclass
-class Nvfp4Operand:
-    """One GEMM operand [rows, reduction] as torch's NVFP4 scaled matmul takes it (module docstring).
-
-    data: packed codes, uint8 [rows, padded reduction / 2], row-major; scale: the E4M3 block scales'
-    bytes in the swizzled layout (uint8, flat); decode: S_dec, fp32, 0-dim; reduction: before padding.
-    """
-
-    data: torch.Tensor
-    scale: torch.Tensor
-    decode: torch.Tensor
-    reduction: int
-
-    @property
-    def rows(self) -> int:
-        return self.data.shape[0]
-
-    def codes(self) -> torch.Tensor:
-        """uint8 E2M1 codes [rows, reduction]."""
-        return unpack_codes(self.data)[:, : self.reduction]
-
-    def block_scales(self) -> torch.Tensor:
-        """float8_e4m3fn [rows, reduction / 16] (the padding dropped)."""
-        padded_blocks = 2 * self.data.shape[1] // BLOCK
-        return unswizzle_scales(self.scale, self.rows, padded_blocks)[:, : self.reduction // BLOCK].view(
-            torch.float8_e4m3fn)
-
-    def scaled_values(self) -> torch.Tensor:
-        """q * s_b in fp32 [rows, reduction] (exact): what the tensor cores multiply."""
-        grid = torch.tensor(formats.E2M1_GRID, dtype=torch.float32, device=self.data.device)
-        codes = self.codes()
-        values = torch.where((codes & 8) != 0, -grid[(codes & 7).long()], grid[(codes & 7).long()])
-        return values * self.block_scales().float().repeat_interleave(BLOCK, dim=1)
-
-    def dequantize(self) -> torch.Tensor:
-        """(q * s_b) * S_dec in fp32 [rows, reduction], QuantizedTensor.dequantize's order."""
-        return self.scaled_values() * self.decode
-
-
-@dataclass
-class Nvfp4Codes:
-    """A quantized operand [rows, reduction] as the quantizers give it.
-
-    data: its E2M1 codes packed two a byte (``pack_codes``' layout), uint8 [rows, reduction / 2], or [rows,
-        round_up(reduction, 32) / 2] with zero codes past the reduction (as the kernels write them);
-    scales: E4M3 block-scale bytes [rows / tile_rows, reduction / 16], any strides (a transposed operand's are a
-        view); decode: the decode scale (one fp32 element); tile_rows: 16 for 16x16 tiles, else 1;
-    transposed_data: 16x16 tiles only, the transposed operand's packed codes where the kernel wrote them in the
-        same pass (``t`` takes them; without them it repacks)."""
-
-    data: torch.Tensor
-    scales: torch.Tensor
-    decode: torch.Tensor
-    tile_rows: int = 1
-    transposed_data: Optional[torch.Tensor] = None
-
-    @classmethod
-    def from_codes(cls, codes: torch.Tensor, scales: torch.Tensor, decode: torch.Tensor,
-                   tile_rows: int = 1) -> "Nvfp4Codes":
-        """From uint8 codes one an element [rows, reduction] (any strides), as the torch reference gives them."""
-        return cls(pack_codes(codes), scales, decode, tile_rows)
-
-    @property
-    def reduction(self) -> int:
-        return BLOCK * self.scales.shape[1]
-
-    def codes(self) -> torch.Tensor:
-        """uint8 E2M1 codes [rows, reduction]."""
-        return unpack_codes(self.data)[:, : self.reduction]
-
-    def t(self) -> "Nvfp4Codes":
-        """The transposed operand: a 16x16 tile is a tile of the transpose, with the same scale."""
-        if self.tile_rows != BLOCK:
-            raise ValueError("only 16x16 tiles transpose: a 1x16 block is not a block of the transpose")
-        data = self.transposed_data if self.transposed_data is not None else pack_codes(self.codes().t())
-        return Nvfp4Codes(data, self.scales.t(), self.decode, BLOCK, self.data)
-
-    def operand(self) -> Nvfp4Operand:
-        """Padded to a multiple of 32 along the reduction (unless the codes already are), scales per 1x16 block,
-        swizzled."""
-        reduction = self.reduction
-        padded = -(-reduction // REDUCTION_MULTIPLE) * REDUCTION_MULTIPLE
-        scales = self.scales if self.tile_rows == 1 else self.scales.repeat_interleave(BLOCK, dim=0)
-        data = self.data
-        if data.shape[1] not in (reduction // 2, padded // 2):
-            raise ValueError(f"Nvfp4Codes: packed codes {list(data.shape)} for a reduction of {reduction}")
-        if padded != reduction:  # zero codes under a zero scale: exact zeros in every sum
-            if data.shape[1] != padded // 2:
-                data = F.pad(data, (0, (padded - reduction) // 2))
-            scales = F.pad(scales, (0, (padded - reduction) // BLOCK))
-        return Nvfp4Operand(data, swizzle_scales(scales), self.decode.reshape(()), reduction)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,70 +309,43 @@ def _scaled_gemm_fake(a, b, scale_a, scale_b, decode_a, decode_b, out_dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# Quantize, then gather: a column-parallel layer's sequence-parallel input
-#
-# Under sequence parallelism each tp rank holds t = T / tp tokens of every sequence: x [B, t, K]. A
-# column-parallel layer needs all B T tokens. Gathering x in BF16 moves 2 bytes an element and has every
-# rank quantize all B T tokens again; gathering its quantized operand moves the packed codes and the block
-# scales, 1/2 + 1/16 byte an element, and each rank quantizes its own t tokens. Quantized with the group's
-# amax (GATHERED_INPUT_OPERANDS), the gathered codes are those of the gathered tensor, bit for bit: X's 1x16
-# blocks run along K within a token, X^T's along the tokens of one sequence, never across a rank's share
-# when t is a multiple of 16. Codes and scales travel in one uint8 all-gather.
-
-_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
-_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
-
-
-def gather_sequence_rows(parts: Tuple[torch.Tensor, ...], batch: int, group) -> Tuple[torch.Tensor, ...]:
-    """Tensors [batch * t, w_i] whose rows are the rank's tokens, sequence by sequence -> [batch * T, w_i], the
-    ranks' shares in rank order within each sequence, as ``x.flatten(0, 1)`` of the gathered x orders them."""
-    widths = [part.shape[1] for part in parts]
-    joined = torch.cat([part.reshape(batch, -1, width) for part, width in zip(parts, widths)], dim=-1)
-    gathered = funcol.wait_tensor(_all_gather(joined.contiguous(), gather_dim=1, group=group))  # [B, T, sum w]
-    return tuple(piece.reshape(-1, width) for piece, width in zip(gathered.split(widths, dim=-1), widths))
-
-
-def gather_sequence_columns(parts: Tuple[torch.Tensor, ...], batch: int, group) -> Tuple[torch.Tensor, ...]:
-    """Tensors [rows, batch * c_i] whose columns are the rank's tokens (packed or blocked, c_i per sequence),
-    sequence by sequence -> [rows, batch * tp * c_i] in the gathered tokens' order (each sequence's shares in
-    rank order)."""
-    rows, size = parts[0].shape[0], group.size()
-    widths = [part.shape[1] // batch for part in parts]
-    joined = torch.cat([part.reshape(rows, batch, width) for part, width in zip(parts, widths)], dim=-1)
-    # Gathered along the last dim, each sequence's shares follow one another: [rows, B, tp, sum w].
-    gathered = funcol.wait_tensor(_all_gather(joined.contiguous(), gather_dim=2, group=group))
-    gathered = gathered.reshape(rows, batch, size, sum(widths))
-    return tuple(piece.reshape(rows, -1) for piece in gathered.split(widths, dim=-1))
-
-
-def _gather_bf16(x: torch.Tensor, group) -> torch.Tensor:
-    """x [B, t, K] -> [B T, K]: the sequence gathered in the input's dtype (a GEMM in high precision)."""
-    return funcol.wait_tensor(_all_gather(x.contiguous(), gather_dim=1, group=group)).reshape(-1, x.shape[-1])
+# Quantize, then gather: operands along the sequence (models.quant.sequence_gather moves them)
 
 
 def gathered_rows_operand(x2: torch.Tensor, spec: OperandSpec, batch: int, group, **quantize) -> Nvfp4Operand:
     """Fprop's X [B T, K] from the rank's x2 [B t, K]: quantized here (the group's amax), gathered as codes."""
     codes = quantize_operand(x2, spec, transpose=False, **quantize)
-    data, scales = gather_sequence_rows((codes.data, codes.scales), batch, group)
+    (data, scales), _ = gather_sequence((codes.data, codes.scales), (), batch, group)
     return Nvfp4Codes(data, scales, codes.decode).operand()
 
 
-def gathered_columns_operand(x2: torch.Tensor, spec: OperandSpec, batch: int, group, **quantize) -> Nvfp4Operand:
+def launch_gathered_columns_operand(x2: torch.Tensor, spec: OperandSpec, batch: int, group, **quantize):
     """Wgrad's X^T [K, B T] from the rank's x2 [B t, K]: quantized here along its tokens (the group's amax; the
-    RHT's 16-blocks lie within the share), gathered as codes. The kernels pad the rank's tokens to a multiple
-    of 32 with zero codes: the padding is dropped before the gather, the whole padded again by ``operand``."""
+    RHT's 16-blocks lie within the share), its codes' gather issued; the returned function waits for it and
+    gives the operand. The kernels pad the rank's tokens to a multiple of 32 with zero codes: the padding is
+    dropped before the gather, the whole padded again by ``operand``."""
     codes = quantize_operand(x2, spec, transpose=True, **quantize)
-    tokens = x2.shape[0]
-    data, scales = gather_sequence_columns((codes.data[:, : tokens // 2], codes.scales), batch, group)
-    return Nvfp4Codes(data, scales, codes.decode).operand()
+    pending = launch_sequence_gather((), (codes.data[:, : x2.shape[0] // 2], codes.scales), batch, group)
+
+    def operand() -> Nvfp4Operand:
+        _, (data, scales) = pending()
+        return Nvfp4Codes(data, scales, codes.decode).operand()
+
+    return operand
 
 
-def check_gathered_share(x: torch.Tensor, name: str) -> None:
-    """ValueError unless x is [B, t, K] with t a multiple of 16 (whole blocks of X^T along the rank's tokens)."""
-    if x.dim() != 3 or x.shape[1] % BLOCK:
-        raise ValueError(f"layer {name!r} gathers its sequence-parallel input quantized: it takes [batch, tokens, "
-                         f"features] with each rank's tokens a multiple of {BLOCK} (whole NVFP4 blocks along the "
-                         f"tokens), got {list(x.shape)}")
+def gathered_gradient_operands(dy: torch.Tensor, dgrad: OperandSpec, wgrad: OperandSpec, batch: int, group,
+                               **quantize) -> Tuple[Nvfp4Operand, Nvfp4Operand]:
+    """Dgrad's dY [B T, N] and Wgrad's dY^T [N, B T] from the rank's dy [B t, N] (a row-parallel layer that
+    reduce-scatters its output): both quantized here with the group's amax, gathered in one all-gather."""
+    rows = quantize_operand(dy, dgrad, transpose=False, name="Dgrad dY", **quantize)
+    columns = quantize_operand(dy, wgrad, transpose=True, name="Wgrad dY^T", **quantize)
+    (row_data, row_scales), (column_data, column_scales) = gather_sequence(
+        (rows.data, rows.scales), (columns.data[:, : dy.shape[0] // 2], columns.scales), batch, group)
+    return (Nvfp4Codes(row_data, row_scales, rows.decode).operand(),
+            Nvfp4Codes(column_data, column_scales, columns.decode).operand())
+
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -516,11 +357,13 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, spec: LinearSpec, rng: RoundingRng, compute_dtype: torch.dtype, grad_enabled: bool,
-                amax: Optional[AmaxReduction] = None, gather=None):
+                amax: Optional[AmaxReduction] = None, gather=None, scatter=None):
         # gather: the tp group when x is the rank's share [B, t, K] of a sequence-parallel input, gathered here
         # as codes (Fprop X) and in the backward as X^T's codes; dX is reduce-scattered back to [B, t, K].
+        # scatter: the tp group when the output's partial sums [B, T, N] are reduce-scattered here to the rank's
+        # [B, t, N]; the backward gathers dY and dY^T as codes.
         x2 = x.reshape(-1, x.shape[-1])  # [T, K] (gather: the rank's B t tokens)
-        batch = x.shape[0] if gather is not None else 1
+        batch = x.shape[0] if gather is not None or scatter is not None else 1
         needs_dgrad = grad_enabled and ctx.needs_input_grad[0]
         needs_wgrad = grad_enabled and ctx.needs_input_grad[1]
         dgrad = spec.dgrad if needs_dgrad else None
@@ -532,7 +375,7 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
             x_scales = shared_scales(x2, spec.fprop.a, wgrad.b)
         w_t_op = None
         if spec.fprop is None:
-            out = high_precision_gemm(x2 if gather is None else _gather_bf16(x, gather), weight, compute_dtype)
+            out = high_precision_gemm(x2 if gather is None else gather_along_sequence(x, gather), weight, compute_dtype)
         else:
             if gather is None:
                 x_op = quantize_operand(x2, spec.fprop.a, transpose=False, rng=rng, name="Fprop X", scales=x_scales,
@@ -546,6 +389,7 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
             if reuse_w:
                 w_t_op = w_codes.t().operand()
         ctx.spec, ctx.compute_dtype, ctx.amax, ctx.gather, ctx.batch = spec, compute_dtype, amax, gather, batch
+        ctx.scatter = scatter
         ctx.seed_saved = isinstance(rng, torch.Tensor)  # a seed tensor is saved (compile traces it)
         ctx.generator = None if ctx.seed_saved else rng
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
@@ -557,6 +401,8 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
             *((w_t_op.data, w_t_op.scale, w_t_op.decode) if w_t_op is not None else (None,) * 3),
             x_scales, rng if ctx.seed_saved else None,
         )
+        if scatter is not None:  # [B T, N] partial sums -> the rank's [B, t, N] of their sum
+            return funcol.wait_tensor(reduce_scatter_along_sequence(out, batch, scatter))
         return out.reshape(*x.shape[:-2], -1, weight.shape[0])
 
     @staticmethod
@@ -568,20 +414,34 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         needs_dgrad, needs_wgrad = ctx.needs
         dgrad = spec.dgrad if needs_dgrad else None
         wgrad = spec.wgrad if needs_wgrad else None
-        dy = grad_output.reshape(-1, grad_output.shape[-1])  # [T, N]
+        dy = grad_output.reshape(-1, grad_output.shape[-1])  # [T, N] (scatter: the rank's B t tokens)
         grad_x = grad_weight = None
+        dy_op = dy_t_op = None
+        if ctx.scatter is not None:
+            if dgrad is not None and wgrad is not None:  # both quantized here, gathered as codes
+                dy_op, dy_t_op = gathered_gradient_operands(dy, dgrad.a, wgrad.a, ctx.batch, ctx.scatter, rng=rng,
+                                                            amax=amax)
+            else:  # a GEMM in high precision takes the whole dY: gathered as it is
+                dy = gather_along_sequence(grad_output, ctx.scatter)
         # The backward may run under the caller's autocast (torch.compile traces it under the forward's): the
         # GEMM is an opaque op, high_precision_gemm switches autocast off, the quantizers choose their dtypes.
         dy_scales = None
         if dgrad is not None and wgrad is not None and not amax_reduced(amax, "Dgrad dY", "Wgrad dY^T"):
             dy_scales = shared_scales(dy, dgrad.a, wgrad.a)
-        # The emulated layer's order of quantization (and so of draws): dY, W^T, then dY^T, X^T.
+        # The emulated layer's order of quantization (and so of draws): dY, W^T, then dY^T, X^T. A layer that
+        # gathers X quantizes X^T first and gathers its codes while Dgrad runs, then reduce-scatters dX while
+        # Wgrad runs (each collective waited for only when its result is needed).
+        pending_x_t = pending_grad_x = None
+        if gather is not None and wgrad is not None:
+            pending_x_t = launch_gathered_columns_operand(x2, wgrad.b, ctx.batch, gather, rng=rng, name="Wgrad X^T",
+                                                          amax=amax)
         if needs_dgrad:
             if dgrad is None:
                 grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
             else:
-                dy_op = quantize_operand(dy, dgrad.a, transpose=False, rng=rng, name="Dgrad dY", scales=dy_scales,
-                                         amax=amax).operand()
+                if dy_op is None:
+                    dy_op = quantize_operand(dy, dgrad.a, transpose=False, rng=rng, name="Dgrad dY", scales=dy_scales,
+                                             amax=amax).operand()
                 if w_t_data is not None:
                     w_t_op = Nvfp4Operand(w_t_data, w_t_scale, w_t_decode, dy.shape[1])
                 else:  # W^T [K, N] quantized along N from the high-precision W
@@ -590,25 +450,27 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
                 grad_x = nvfp4_gemm(dy_op, w_t_op, compute_dtype)
             grad_x = grad_x.to(ctx.x_dtype)
             if gather is not None:  # [B T, K] partial sums of every token -> the rank's [B, t, K] of their sum
-                grad_x = funcol.wait_tensor(_reduce_scatter(grad_x.reshape(ctx.batch, -1, grad_x.shape[-1]), "sum",
-                                                            scatter_dim=1, group=gather))
-            grad_x = grad_x.reshape(ctx.x_shape)
+                pending_grad_x = reduce_scatter_along_sequence(grad_x, ctx.batch, gather)
+            else:
+                grad_x = grad_x.reshape(ctx.x_shape)
         if needs_wgrad:
             if wgrad is None:
-                x_all = x2 if gather is None else _gather_bf16(x2.reshape(ctx.batch, -1, x2.shape[-1]), gather)
+                x_all = x2 if gather is None else gather_along_sequence(x2.reshape(ctx.batch, -1, x2.shape[-1]), gather)
                 grad_weight = high_precision_gemm(dy.t(), x_all.t(), compute_dtype)
             else:
-                dy_t_op = quantize_operand(dy, wgrad.a, transpose=True, rng=rng, name="Wgrad dY^T", scales=dy_scales,
-                                           amax=amax).operand()
-                if gather is None:
+                if dy_t_op is None:
+                    dy_t_op = quantize_operand(dy, wgrad.a, transpose=True, rng=rng, name="Wgrad dY^T",
+                                               scales=dy_scales, amax=amax).operand()
+                if pending_x_t is None:
                     x_t_op = quantize_operand(x2, wgrad.b, transpose=True, rng=rng, name="Wgrad X^T", scales=x_scales,
                                               amax=amax).operand()
                 else:
-                    x_t_op = gathered_columns_operand(x2, wgrad.b, ctx.batch, gather, rng=rng, name="Wgrad X^T",
-                                                      amax=amax)
+                    x_t_op = pending_x_t()
                 grad_weight = nvfp4_gemm(dy_t_op, x_t_op, compute_dtype)
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_x, grad_weight, None, None, None, None, None, None
+        if pending_grad_x is not None:
+            grad_x = funcol.wait_tensor(pending_grad_x).reshape(ctx.x_shape)
+        return grad_x, grad_weight, None, None, None, None, None, None, None
 
 
 class TorchNvfp4Linear(NativeQuantizedLinear):
@@ -621,6 +483,8 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
 
     sequence_group = None
     """The tp group when the layer gathers its sequence-parallel input itself, quantized (``gather_input``)."""
+    scatter_group = None
+    """The tp group when the layer reduce-scatters its output itself (``scatter_output``)."""
 
     def default_spec(self) -> LinearSpec:
         return nvfp4_linear_spec()
@@ -639,6 +503,17 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
         self.amax_reduction = AmaxReduction(reduction.group, reduction.operands | GATHERED_INPUT_OPERANDS)
         self.sequence_group = group
 
+    def scatter_output(self, group) -> None:
+        """Reduce-scatter the output's partial sums along the sequence here, to the rank's [B, t, N], and gather
+        the output's gradient in the backward as codes: a row-parallel layer (``set_tensor_parallel('row',
+        ...)`` first) whose Dgrad and Wgrad are NVFP4; dY and dY^T then take the group's amax too."""
+        reduction = self.amax_reduction
+        if reduction is None or "Fprop X" not in reduction.operands or "Dgrad dY" in reduction.operands:
+            raise ValueError(f"layer {self.name!r}: only a row-parallel layer scatters its output "
+                             "(set_tensor_parallel('row', ...) first)")
+        self.amax_reduction = AmaxReduction(reduction.group, reduction.operands | SCATTERED_OUTPUT_OPERANDS)
+        self.scatter_group = group
+
     def check_input(self, x: torch.Tensor) -> None:
         super().check_input(x)
         # torch's scaled_mm takes B's rows, the output's columns, in multiples of 16 (the reduction is padded).
@@ -647,7 +522,9 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
                    "wgrad": ("in_features", in_features)}
         running = self.gemms_to_check(x)
         if self.sequence_group is not None:
-            check_gathered_share(x, self.name)
+            check_gathered_share(x, self.name, 1)
+        if self.scatter_group is not None:
+            check_gathered_share(x, self.name, self.scatter_group.size())
         for gemm in GEMMS:
             dim_name, size = columns[gemm]
             if getattr(running, gemm) is not None and size % BLOCK:
@@ -660,7 +537,7 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
         check_native_support(x.device, self.name)
         return _TorchNvfp4LinearFunction.apply(x, local_tensor(self.weight), self.spec, self.rounding_rng(),
                                                compute_dtype, torch.is_grad_enabled(), self.amax_reduction,
-                                               self.sequence_group)
+                                               self.sequence_group, self.scatter_group)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, native NVFP4"

@@ -100,6 +100,9 @@ per-tensor amax is reduced over the tensor-parallel group."""
 GATHERED_INPUT_OPERANDS = frozenset({"Fprop X", "Wgrad X^T"})
 """The operands of a column-parallel layer that gathers its sequence-parallel input itself, quantized
 (``models.quant.nvfp4_torch``): quantized from the rank's tokens, they take the group's amax too."""
+SCATTERED_OUTPUT_OPERANDS = frozenset({"Dgrad dY", "Wgrad dY^T"})
+"""The operands of a row-parallel layer that reduce-scatters its output itself and gathers the output's
+gradient as codes (``models.quant.nvfp4_torch``): quantized from the rank's tokens, they take the group's amax."""
 
 
 @dataclass(frozen=True)

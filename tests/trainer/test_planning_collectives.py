@@ -25,7 +25,7 @@ from trainer.planning.collectives import (
     group_span,
     step_collectives,
 )
-from trainer.planning.layout import quantized_input_gathers, resolve_layout
+from trainer.planning.layout import quantized_input_gathers, quantized_output_scatters, resolve_layout
 from trainer.planning.parameters import fsdp_units, unit_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +123,32 @@ def test_tensor_parallel_collectives_by_hand():
     assert got[("all_gather", "dp_shard", "layers.1")] == (2, 2 * mlp, 4)
 
 
+def test_what_the_backward_hides_behind_a_gathering_linear_s_gemms():
+    """The 12B in NVFP4 on 1024 B200 at tp 4, the torch NVFP4 layer: each linear that gathers its input
+    quantized hides dX's reduce-scatter behind its Wgrad and X^T's gather behind its Dgrad, each at most the
+    collective's own time and the GEMM's; nothing is hidden when the input is gathered in BF16."""
+    from trainer.planning.step_time import hidden_tp_seconds, plan_step_time
+
+    cfg = compose(["+experiment=nvfp4_12b", "parallel.auto=false", "parallel.tp=4", "parallel.dp_shard=2",
+                   "parallel.dp_replicate=128", "train.micro_batch_size=3", "parallel.activation_checkpoint=none"])
+    layout = resolve_layout(cfg, GPUS["B200"], 1024)
+    gathering = quantized_input_gathers(cfg.model, layout)
+    assert layout.gathers_quantized_input and layout.accumulation == 1 and len(gathering) > 40
+    collectives = step_collectives(cfg.model, layout)
+    scatter = next(c for c in collectives if c.purpose == "sequence-parallel mixer output")
+    codes = next(c for c in collectives if c.purpose.startswith("sequence-parallel input of a column-parallel"))
+    ceiling = len(gathering) * (call_seconds(scatter, layout, 0.8) + call_seconds(codes, layout, 0.8))
+    hidden = hidden_tp_seconds(cfg.model, layout)
+    assert 0.25 * ceiling < hidden <= ceiling
+    time = plan_step_time(cfg.model, layout)
+    assert time.hidden_tensor_parallel == hidden
+    issued = sum(c.calls_per_step * call_seconds(c, layout, 0.8) for c in collectives
+                 if c.mesh_dim == "tp" and not c.scalar)
+    assert time.parts["tensor-parallel communication"] < issued
+    bf16_gathers = dataclasses.replace(layout, gathers_quantized_input=False)
+    assert hidden_tp_seconds(cfg.model, bf16_gathers) == 0.0
+
+
 def test_what_fsdp2_cannot_hide_at_the_ends_of_a_step():
     """The embedding's and the first block's gathers before the forward, the embedding's reduction after the
     backward; the head's gather less the last two blocks' forward, its reduction less the last block's
@@ -153,7 +179,9 @@ def test_what_fsdp2_cannot_hide_at_the_ends_of_a_step():
 def test_amax_reductions_of_quantized_tp_linears():
     """NVFP4 (2D weights, per-tensor scales) on every block linear of the tiny model (32 Mamba heads of 4, so that
     each shard holds whole 16-blocks) at tp 2: column-parallel W, dY, dY^T and row-parallel W, X, X^T per
-    micro-batch; recomputing blocks repeat their Fprop ones."""
+    micro-batch (emulated); recomputing blocks repeat their Fprop ones. The torch NVFP4 layer (B200's) adds X
+    and X^T where a column-parallel linear gathers its input quantized, dY and dY^T where a row-parallel one
+    gathers its output's gradient."""
     base = TINY + ["precision=nvfp4", "precision.bf16_layers_at_start=0", "precision.bf16_layers_at_end=0",
                    "model.mamba_num_heads=32", "model.mamba_head_dim=4", "train.global_batch_size=2"]
 
@@ -166,9 +194,14 @@ def test_amax_reductions_of_quantized_tp_linears():
     linears = sum(2 if s in "M-" else 4 for s in pattern)  # M: in/out; -: up/down; *: q, k, v / o
     rows = len(pattern)  # one row-parallel linear per block
     per_micro_batch = 3 * linears  # column: W, dY, dY^T; row: W, X, X^T
-    assert amaxes("parallel.tp=2", "parallel.activation_checkpoint=none") == 2 * per_micro_batch
+    emulated = ("parallel.tp=2", "precision.backend=emulated")
+    assert amaxes(*emulated, "parallel.activation_checkpoint=none") == 2 * per_micro_batch
     recompute = (linears - rows) + 2 * rows  # column: W again; row: W and X again
-    assert amaxes("parallel.tp=2", "parallel.activation_checkpoint=full") == 2 * (per_micro_batch + recompute)
+    assert amaxes(*emulated, "parallel.activation_checkpoint=full") == 2 * (per_micro_batch + recompute)
+    gathers = sum(symbol in "M-" for symbol in pattern)  # Mamba's in_proj, the MLP's up_proj
+    native = per_micro_batch + 2 * gathers + 2 * rows
+    assert amaxes("parallel.tp=2", "parallel.activation_checkpoint=none") == 2 * native
+    assert amaxes("parallel.tp=2", "parallel.activation_checkpoint=full") == 2 * (native + recompute + gathers)
 
 
 def test_a_call_takes_its_links_time_and_latency():
@@ -226,7 +259,6 @@ def _worker(overrides: list, out: str) -> None:
         recipe.resolve_backend = lambda *args, **kwargs: "torch"
         nvfp4_torch.nvfp4_gemm = lambda a, b, out_dtype: (a.dequantize() @ b.dequantize().t()).to(out_dtype)
         nvfp4_torch.check_native_support = lambda *args, **kwargs: None
-        apply_precision = recipe.apply_precision
     model = build_model_on(cfg, env.device)
     apply_precision(model, cfg.precision, device=env.device)
     parallelize(model, cfg.parallel, env)
@@ -304,6 +336,7 @@ def test_the_list_is_what_the_trainer_issues_on_gloo(tmp_path, ranks, overrides)
         layout = dataclasses.replace(layout, backend="native", saves_quantized_input=False,
                                      gathers_quantized_input=True)
         assert len(quantized_input_gathers(cfg.model, layout)) == 4  # M-M*M-: the last block stays in BF16
+        assert len(quantized_output_scatters(cfg.model, layout)) == 5
     planned = Counter()
     for collective in step_collectives(cfg.model, layout):
         planned[(collective.op, collective.bytes_per_call)] += collective.calls_per_step

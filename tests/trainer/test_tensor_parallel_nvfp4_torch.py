@@ -109,10 +109,11 @@ def test_the_sharded_native_nvfp4_layer_is_the_sharded_emulated_layer():
 
 def _gather_worker(rank: int, world: int) -> None:
     """The tiny hybrid in native NVFP4 (the GEMM computed from the packed operands) at tp=2, round-to-nearest:
-    the mixers whose one column-parallel linear gathers its input quantized (Mamba's in_proj, the MLP's
-    up_proj) compute, bit for bit, what the same model computes when every mixer's input is gathered in high
-    precision first: the gathered codes and scales (X forward, X^T backward) are those of the gathered tensor.
-    Without the group's amax for X the logits move (the control)."""
+    with the mixers' one column-parallel linear gathering its input quantized (Mamba's in_proj, the MLP's
+    up_proj) and every row-parallel linear reduce-scattering its output and gathering dY quantized, the model
+    computes, bit for bit, what it computes when every gather moves high-precision values: the gathered codes
+    and scales (X forward; X^T, dY and dY^T backward) are those of the gathered tensors. Without the group's
+    amax for X the logits move (the control)."""
     from torch.distributed.tensor.debug import CommDebugMode
 
     import models.quant.recipe as recipe
@@ -131,16 +132,18 @@ def _gather_worker(rank: int, world: int) -> None:
     generator = torch.Generator().manual_seed(5)
     ids = torch.randint(0, cfg.vocab_size, (2, 64), generator=generator)
     labels = torch.randint(0, cfg.vocab_size, (2, 64), generator=generator)
-    original = tensor_parallel.quantized_input_gatherer
+    original, original_scatterer = tensor_parallel.quantized_input_gatherer, tensor_parallel.quantized_output_scatterer
 
     def run(gathers: bool, control: bool = False):
         model = build(cfg, precision)
         assert isinstance(model.layers[0].mixer.in_proj, nvfp4_torch.TorchNvfp4Linear)
-        tensor_parallel.quantized_input_gatherer = original if gathers else (lambda block: None)
+        if not gathers:
+            tensor_parallel.quantized_input_gatherer = tensor_parallel.quantized_output_scatterer = lambda block: None
         try:
             info = tensor_parallel.apply_tensor_parallel(model, mesh)
         finally:
             tensor_parallel.quantized_input_gatherer = original
+            tensor_parallel.quantized_output_scatterer = original_scatterer
         if control:  # the gathered X quantized with each rank's own amax
             for block in model.layers:
                 layer = original(block)
@@ -157,6 +160,7 @@ def _gather_worker(rank: int, world: int) -> None:
 
     info, comms, logits, grads = run(gathers=True)
     assert info["quantized_input_gathers"] == 5  # M-M*M-: three in_proj, two up_proj; attention gathers first
+    assert info["quantized_output_scatters"] == 6  # every mixer's row-parallel linear
     for counted, phase in zip(comms, ("forward", "backward")):
         counts = {str(op).split(".")[-1]: n for op, n in counted.get_comm_counts().items()}
         expected = info["collectives_per_micro_batch"][phase]
@@ -164,9 +168,10 @@ def _gather_worker(rank: int, world: int) -> None:
         assert counts.get("reduce_scatter_tensor", 0) == expected["reduce_scatter"] == 7
         assert counts.get("all_reduce", 0) == expected["amax_all_reduce"]
     info_hp, _, logits_hp, grads_hp = run(gathers=False)
-    assert info_hp["quantized_input_gathers"] == 0
-    assert info["collectives_per_micro_batch"]["forward"]["amax_all_reduce"] == \
-        info_hp["collectives_per_micro_batch"]["forward"]["amax_all_reduce"] + 5  # each gatherer's X
+    assert info_hp["quantized_input_gathers"] == info_hp["quantized_output_scatters"] == 0
+    amaxes, amaxes_hp = (counts["collectives_per_micro_batch"] for counts in (info, info_hp))
+    assert amaxes["forward"]["amax_all_reduce"] == amaxes_hp["forward"]["amax_all_reduce"] + 5  # each gatherer's X
+    assert amaxes["backward"]["amax_all_reduce"] == amaxes_hp["backward"]["amax_all_reduce"] + 5 + 2 * 6  # X^T; dY
     assert torch.equal(logits, logits_hp)
     for name, grad in grads.items():
         assert torch.equal(grad, grads_hp[name]), name
@@ -175,5 +180,5 @@ def _gather_worker(rank: int, world: int) -> None:
 
 
 @pytest.mark.distributed
-def test_quantized_input_gathers_compute_what_the_high_precision_gather_does():
+def test_quantized_sequence_gathers_compute_what_high_precision_gathers_do():
     run_ranks(_gather_worker, 2)

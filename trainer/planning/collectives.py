@@ -24,7 +24,8 @@ foreach_reduce):
 
 FSDP2 issues neither all-gather nor reduce-scatter on a shard group of one rank (it copies); the HSDP
 all-reduce still runs. Tensor parallelism (parallel.tp = T > 1, sequence parallel; t tokens a micro-batch,
-h hidden), per block and micro-batch, not overlapped with compute:
+h hidden), per block and micro-batch, not overlapped with compute (but for the few that step_time's
+``hidden_tp_seconds`` puts beside a GEMM):
 
     all_gather over tp      c t h    the mixer input along the sequence (unless its linear gathers it
                                      quantized, below): forward, backward (the reduce-scatter's gradient),
@@ -45,6 +46,11 @@ h hidden), per block and micro-batch, not overlapped with compute:
                                      gather: X forward (again in a recomputing block), X^T for Wgrad in the
                                      backward (c t h: X, when Wgrad runs in the compute dtype); its dX
                                      reduce-scatter is the mixer input's above
+    all_gather over tp      2 t h (1/2 + 1/16)  a mixer's row-parallel linear in NVFP4 (Dgrad and Wgrad) on the
+                                     torch layer reduce-scatters its output itself (the mixer output's above;
+                                     inside its autograd function, so a recomputing block's scatters again)
+                                     and gathers the output's gradient as dY's and dY^T's codes and scales in
+                                     place of the mixer's BF16 gather
     all_reduce over tp      4 bytes  each per-tensor amax of a quantized TP linear whose format has a tensor
                                      scale (NVFP4, per-tensor FP8): column-parallel W (Fprop), dY (Dgrad),
                                      dY^T (Wgrad); row-parallel and gathering ones W and X (Fprop), X^T
@@ -82,7 +88,7 @@ from typing import Dict, List, Tuple
 from models.config import ModelConfig
 from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
-from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers
+from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers, quantized_output_scatters
 from trainer.planning.parameters import COLUMN_PARALLEL, HEAD, UnitSize, fsdp_units, unit_sizes
 
 ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
@@ -179,11 +185,15 @@ def _has_tensor_scale(fmt: str) -> bool:
 
 
 def _linear_amaxes(layout: RunLayout, name: str, column: bool, recomputes: bool, gathers: bool = False) -> int:
-    """Per micro-batch: amax all-reduces of one TP linear (module docstring)."""
+    """Per micro-batch: amax all-reduces of one TP linear (module docstring); ``gathers``: it gathers a
+    quantized operand along the sequence (a column-parallel one X, a row-parallel one dY)."""
     formats = layout.gemm_formats.get(name, {})
     fprop, dgrad, wgrad = (_has_tensor_scale(formats.get(kind, "bf16")) for kind in ("fprop", "dgrad", "wgrad"))
     forward = fprop * (1 if column and not gathers else 2)  # column: W; row, or gathering its input: W and X
-    backward = (dgrad if column else 0) + wgrad * (2 if gathers else 1)  # column: + X^T where it gathers X
+    if column:
+        backward = dgrad + wgrad * (2 if gathers else 1)  # dY, dY^T; + X^T where it gathers X
+    else:
+        backward = wgrad + (dgrad + wgrad if gathers else 0)  # X^T; + dY and dY^T where it gathers dY
     backward += dgrad * (not layout.weight_reused)  # Dgrad's W^T quantized again (1D weight blocks)
     return forward * (2 if recomputes else 1) + backward
 
@@ -194,7 +204,7 @@ _AMAX_CACHE: dict = {}
 def amaxes_per_micro_batch(model: ModelConfig, layout: RunLayout) -> int:
     """Amax all-reduces of one micro-batch over the TP group (module docstring)."""
     amaxes = 0
-    gathering = quantized_input_gathers(model, layout)
+    gathering = quantized_input_gathers(model, layout) | quantized_output_scatters(model, layout)
     for index, symbol in enumerate(model.pattern):
         for module, _, _, _ in block_linears(model, symbol):
             name = f"layers.{index}.mixer.{module}"
@@ -218,9 +228,14 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     # Forward and backward (the output's gradient); a recomputing block gathers its input again, but torch's
     # checkpoint stops recomputing at the last tensor backward needs, before the output's reduce-scatter (which
     # saves none). A block whose linear gathers its input quantized gathers only the output's gradient here.
-    out = [Collective(ALL_GATHER, TP, T, activation, A * (2 * blocks - len(gathering) + recomputing), compute,
-                      "sequence-parallel mixer input"),
-           Collective(REDUCE_SCATTER, TP, T, activation, A * 2 * blocks, compute, "sequence-parallel mixer output"),
+    scattering = quantized_output_scatters(model, layout)
+    recomputing_scatters = sum(model.pattern[int(name.split(".")[1])] in layout.checkpointed for name in scattering)
+    out = [Collective(ALL_GATHER, TP, T, activation, A * (2 * blocks - len(gathering) - len(scattering) + recomputing),
+                      compute, "sequence-parallel mixer input"),
+           # a scattering linear's reduce-scatter runs inside its autograd function, whose saved tensors are
+           # packed as it returns: a recomputing block's scatters again (its result unused)
+           Collective(REDUCE_SCATTER, TP, T, activation, A * (2 * blocks + recomputing_scatters), compute,
+                      "sequence-parallel mixer output"),
            Collective(REDUCE_SCATTER, TP, T, activation, A, compute, "vocabulary-parallel embedding rows (forward)"),
            Collective(ALL_GATHER, TP, T, activation, A, compute, "vocabulary-parallel embedding gradient (backward)"),
            Collective(ALL_GATHER, TP, T, activation, A, compute, "vocabulary-parallel LM head input (forward)"),
@@ -237,6 +252,10 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
         out.append(Collective(ALL_GATHER, TP, T, codes, A * (forward_gathers + wgrad_quantized), "uint8",
                               "sequence-parallel input of a column-parallel NVFP4 linear, quantized (codes and "
                               "block scales)"))
+    if scattering:  # a row-parallel linear's dY for Dgrad and dY^T for Wgrad, in one gather
+        out.append(Collective(ALL_GATHER, TP, T, 2 * codes, A * len(scattering), "uint8",
+                              "sequence-parallel output gradient of a row-parallel NVFP4 linear, quantized (dY and "
+                              "dY^T: codes and block scales)"))
     if len(gathering) > wgrad_quantized:
         out.append(Collective(ALL_GATHER, TP, T, activation, A * (len(gathering) - wgrad_quantized), compute,
                               "sequence-parallel input of a column-parallel NVFP4 linear for its BF16 Wgrad"))

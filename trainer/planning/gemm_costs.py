@@ -118,10 +118,11 @@ def gemm_operand_bytes(gemm: Gemm, fmt: str, costs: Dict[str, FormatCost] = FORM
 
 
 def quantization_bytes(gemm: Gemm, fmt: str, costs: Dict[str, FormatCost] = FORMAT_COSTS,
-                       input_share: float = 1.0) -> float:
+                       input_share: float = 1.0, gradient_share: float = 1.0) -> float:
     """Bytes moved to quantize the operands this GEMM needs in ``fmt`` (see the module docstring).
-    ``input_share``: the part of the input X (Fprop's A, Wgrad's X^T) this rank quantizes, 1 / tp where a
-    column-parallel linear quantizes its rank's tokens before gathering them."""
+    ``input_share`` / ``gradient_share``: the part of the input X (Fprop's A, Wgrad's X^T) / of the output's
+    gradient (Dgrad's dY, Wgrad's dY^T) this rank quantizes: 1 / tp where a linear quantizes its rank's tokens
+    before gathering them along the sequence."""
     if fmt == "bf16" or gemm.kind == ATTENTION_KIND:
         return 0.0
     cost = costs[fmt]
@@ -129,8 +130,10 @@ def quantization_bytes(gemm: Gemm, fmt: str, costs: Dict[str, FormatCost] = FORM
     a_elements, b_elements = gemm.M * gemm.K, gemm.N * gemm.K
     if gemm.kind == "fprop":
         a_elements *= input_share
-    elif gemm.kind == "wgrad":
-        b_elements *= input_share
+    else:
+        a_elements *= gradient_share
+        if gemm.kind == "wgrad":
+            b_elements *= input_share
     # A is X (Fprop), dY (Dgrad) or dY^T (Wgrad): always an activation/gradient operand.
     total = a_elements * read + cost.vector_bytes(a_elements)
     if gemm.kind == "fprop":

@@ -79,10 +79,11 @@ class RunLayout:
     emulated one does)."""
 
     gathers_quantized_input: bool = False
-    """Under tensor parallelism, a mixer's one column-parallel linear (Mamba's in_proj, the MLP's up_proj) in
-    NVFP4 gathers its sequence-parallel input as packed codes and scales, quantized from the rank's tokens (the
-    torch NVFP4 layer, trainer.tensor_parallel.quantized_input_gatherer); False: every mixer's input is
-    gathered in the compute dtype first."""
+    """Under tensor parallelism the torch NVFP4 layer gathers quantized operands along the sequence: a mixer's
+    one column-parallel linear (Mamba's in_proj, the MLP's up_proj) its input as packed codes and scales,
+    quantized from the rank's tokens, and a mixer's row-parallel linear its output's gradient
+    (trainer.tensor_parallel.quantized_input_gatherer, quantized_output_scatterer); False: the mixers' inputs
+    and output gradients are gathered in the compute dtype."""
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -250,6 +251,24 @@ def quantized_input_gathers(model: ModelConfig, layout: "RunLayout") -> frozense
         columns = [module for module, _, _, _ in block_linears(model, symbol) if module in COLUMN_PARALLEL]
         name = f"layers.{index}.mixer.{columns[0]}" if len(columns) == 1 else None
         if name is not None and layout.linear_format(name) != "bf16":
+            names.append(name)
+    return frozenset(names)
+
+
+def quantized_output_scatters(model: ModelConfig, layout: "RunLayout") -> frozenset:
+    """The row-parallel linears that reduce-scatter their output themselves and gather its gradient as codes
+    (``RunLayout.gathers_quantized_input``): a mixer's row-parallel linear whose Dgrad and Wgrad are quantized."""
+    if not layout.gathers_quantized_input or layout.tp == 1:
+        return frozenset()
+    from models.gemms import block_linears
+    from trainer.planning.parameters import ROW_PARALLEL
+
+    names = []
+    for index, symbol in enumerate(model.pattern):
+        rows = [module for module, _, _, _ in block_linears(model, symbol) if module in ROW_PARALLEL]
+        name = f"layers.{index}.mixer.{rows[0]}" if len(rows) == 1 else None
+        formats = layout.gemm_formats.get(name, {}) if name else {}
+        if formats.get("dgrad", "bf16") != "bf16" and formats.get("wgrad", "bf16") != "bf16":
             names.append(name)
     return frozenset(names)
 

@@ -192,6 +192,7 @@ class RunPlan:
             "memory_gib_per_gpu": self.memory.gib(),
             "step_time_parts_s": dict(self.time.parts),
             "communication_s": self.time.communication,
+            "hidden_tensor_parallel_s": self.time.hidden_tensor_parallel,
             "overheads_s": dict(self.overheads),
             "layout": {
                 "auto": bool(self.config.parallel.auto) if self.config is not None else False,
@@ -229,14 +230,17 @@ class RunPlan:
 
     def communication_lines(self) -> List[str]:
         parts = self.time.parts
-        overlapped = self.time.communication - parts.get("tensor-parallel communication", 0.0) - parts.get(
-            "scalar collectives", 0.0)
+        hidden = self.time.hidden_tensor_parallel
+        overlapped = (self.time.communication - parts.get("tensor-parallel communication", 0.0) - hidden
+                      - parts.get("scalar collectives", 0.0))
+        tensor_parallel = (f"tensor-parallel collectives are not overlapped but for {format_seconds(hidden)} behind "
+                           "their linears' Dgrad and Wgrad, scalar ones not at all" if hidden > 0 else
+                           "tensor-parallel and scalar collectives are not overlapped")
         lines = []
         if overlapped > 0:
             lines.append(f"  (FSDP/HSDP traffic {format_seconds(overlapped)}, overlapped with compute but for "
-                         f"{format_seconds(parts.get('communication (exposed)', 0.0))}; tensor-parallel and scalar "
-                         f"collectives are not overlapped; {len(self.time.collectives)} kinds of call, "
-                         f"python -m trainer.plan_run --json lists them)")
+                         f"{format_seconds(parts.get('communication (exposed)', 0.0))}; {tensor_parallel}; "
+                         f"{len(self.time.collectives)} kinds of call, python -m trainer.plan_run --json lists them)")
         return lines
 
     def run_line(self) -> str:

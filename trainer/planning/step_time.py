@@ -26,7 +26,9 @@ collectives list (trainer.planning.collectives.step_collectives, its seconds per
 
     tensor parallel   every TP collective, not overlapped: the sequence-parallel all-gathers and
                       reduce-scatters sit between a block's norm and its mixer, the amax all-reduces
-                      before the quantization that needs them
+                      before the quantization that needs them; except, in a linear that gathers its
+                      input quantized, the backward's X^T gather behind its Dgrad and dX's
+                      reduce-scatter behind its Wgrad, as much as those cover (``hidden_tp_seconds``)
     scalars           the loss, gradient-norm and flag all-reduces, not overlapped
     FSDP / HSDP       overlapped with the step's compute and TP time (FSDP2 gathers the next unit and
                       reduces the previous one on their own streams) except what exceeds them, and the
@@ -59,9 +61,10 @@ from typing import Dict, Sequence, Tuple
 from models.config import ModelConfig
 from models.flops import flops_breakdown
 from models.gemms import ATTENTION_KIND
-from trainer.planning.collectives import Collective, call_seconds, seconds_by_kind, step_collectives
+from trainer.planning.collectives import (ALL_GATHER, NVFP4_GATHERED_BYTES, REDUCE_SCATTER, TP, Collective, call_seconds,
+                                          seconds_by_kind, step_collectives)
 from trainer.planning.gemm_costs import FORMAT_COSTS, OUTPUT_BYTES, gemm_operand_bytes, quantization_bytes
-from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers
+from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers, quantized_output_scatters
 from trainer.planning.memory import block_activation_bytes, linear_saved_input_bytes
 from trainer.planning.parameters import EMBEDDINGS, HEAD, local_parameters
 from trainer.planning.tensor_parallel import local_training_gemms
@@ -120,8 +123,11 @@ class StepTime:
     communication: float
     """Every collective of the step at the links' rates, before any overlap."""
     exposed_communication: float
-    """What the step waits for: TP and scalar collectives whole, the FSDP/HSDP traffic not hidden."""
+    """What the step waits for: TP collectives but what hides behind their linears' GEMMs, scalar collectives
+    whole, the FSDP/HSDP traffic not hidden."""
     collectives: Tuple[Collective, ...] = ()
+    hidden_tensor_parallel: float = 0.0
+    """TP collectives hidden behind their linears' Dgrad and Wgrad (``hidden_tp_seconds``), per step."""
 
     @property
     def total(self) -> float:
@@ -142,26 +148,63 @@ def _gemm_rate(layout: RunLayout, fmt: str, eff: Efficiency) -> float:
 def _gemm_totals(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> Dict[object, Dict[str, float]]:
     """Per block symbol (None: the LM head): GEMM and quantization seconds of one micro-batch on one TP rank,
     split into Fprop (which a recomputing block runs twice) and the rest."""
-    bandwidth, emulated = layout.gpu.hbm_bytes_per_s, layout.backend == "emulated"
     totals: Dict[object, Dict[str, float]] = {}
-    gathering = quantized_input_gathers(cfg, layout)  # these quantize their rank's tokens of X
-    for gemm in local_training_gemms(cfg, layout.tokens_per_micro_batch, layout.seq_len, layout.tp):
-        if gemm.kind == ATTENTION_KIND:
-            continue  # flash attention: _compute_micro_batch_parts
+    for gemm, seconds, quantizing in _each_gemm(cfg, layout, eff):
         symbol = cfg.pattern[gemm.layer] if gemm.layer is not None else None
         entry = totals.setdefault(symbol, dict.fromkeys(("fprop", "rest", "fprop_quant", "rest_quant"), 0.0))
         forward = gemm.kind == "fprop"
+        entry["fprop" if forward else "rest"] += seconds
+        entry["fprop_quant" if forward else "rest_quant"] += quantizing
+    return totals
+
+
+def _each_gemm(cfg: ModelConfig, layout: RunLayout, eff: Efficiency):
+    """(gemm, GEMM seconds, seconds quantizing its operands) of each GEMM of one micro-batch on one TP rank,
+    attention's BMMs left out."""
+    bandwidth, emulated = layout.gpu.hbm_bytes_per_s, layout.backend == "emulated"
+    # These quantize their rank's tokens of X (column-parallel) or of dY (row-parallel) and gather the codes.
+    gathering, scattering = quantized_input_gathers(cfg, layout), quantized_output_scatters(cfg, layout)
+    for gemm in local_training_gemms(cfg, layout.tokens_per_micro_batch, layout.seq_len, layout.tp):
+        if gemm.kind == ATTENTION_KIND:
+            continue  # flash attention: _compute_micro_batch_parts
         fmt = layout.gemm_formats.get(gemm.name, {}).get(gemm.kind, "bf16")
         operand_fmt = "bf16" if emulated else fmt
         traffic = gemm_operand_bytes(gemm, operand_fmt) + (OUTPUT_BYTES * gemm.M * gemm.N if emulated and fmt != "bf16"
                                                            else 0.0)
-        entry["fprop" if forward else "rest"] += max(gemm.flops / _gemm_rate(layout, fmt, eff), traffic / bandwidth)
+        seconds = max(gemm.flops / _gemm_rate(layout, fmt, eff), traffic / bandwidth)
+        quantizing = 0.0
         if fmt != "bf16":
-            quantized = quantization_bytes(gemm, fmt, input_share=1 / layout.tp if gemm.name in gathering else 1.0)
+            quantized = quantization_bytes(gemm, fmt, input_share=1 / layout.tp if gemm.name in gathering else 1.0,
+                                           gradient_share=1 / layout.tp if gemm.name in scattering else 1.0)
             if emulated and (gemm.kind == "wgrad" or not layout.compiled):
                 quantized += (4 + 2) * gemm.M * gemm.N  # the FP32 output scaled and rounded to BF16
-            entry["fprop_quant" if forward else "rest_quant"] += quantized / (bandwidth * eff.quantization)
-    return totals
+            quantizing = quantized / (bandwidth * eff.quantization)
+        yield gemm, seconds, quantizing
+
+
+def hidden_tp_seconds(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> float:
+    """Seconds of TP collectives a micro-batch hides behind its GEMMs: a linear that gathers its input quantized
+    gathers X^T's codes while its Dgrad runs (quantization included) and reduce-scatters dX while its Wgrad
+    runs; each hides what of the collective the GEMM's time covers (NCCL on its own stream, the GEMM assumed
+    not slowed by it)."""
+    gathering = quantized_input_gathers(cfg, layout)
+    if not gathering:
+        return 0.0
+    windows: Dict[str, Dict[str, float]] = {}
+    for gemm, seconds, quantizing in _each_gemm(cfg, layout, eff):
+        if gemm.name in gathering:
+            windows.setdefault(gemm.name, {})[gemm.kind] = seconds + quantizing
+    group = layout.tp
+    scatter = call_seconds(Collective(REDUCE_SCATTER, TP, group, layout.compute_bytes * layout.tokens_per_micro_batch
+                                      * cfg.hidden_size, 1, "", ""), layout, eff.network)
+    codes = call_seconds(Collective(ALL_GATHER, TP, group, layout.tokens_per_micro_batch * cfg.hidden_size
+                                    * NVFP4_GATHERED_BYTES, 1, "", ""), layout, eff.network)
+    hidden = 0.0
+    for name, window in windows.items():
+        hidden += min(scatter, window.get("wgrad", 0.0))
+        if layout.gemm_formats.get(name, {}).get("wgrad", "bf16") != "bf16":
+            hidden += min(codes, window.get("dgrad", 0.0))
+    return hidden
 
 
 def _gemm_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> tuple[float, float]:
@@ -264,13 +307,18 @@ def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_C
 
     collectives = tuple(step_collectives(cfg, layout))
     kinds = seconds_by_kind(list(collectives), layout, eff.network)
-    waited = kinds["tensor parallel"] + kinds["scalars"]
+    gpu = layout.gpu
+    links = (gpu.name, tuple(sorted(gpu.peak_flops.items())), gpu.hbm_bytes_per_s, gpu.nvlink_bytes_per_s,
+             gpu.network_bytes_per_s, layout.gpus_per_node)
+    hidden = layout.accumulation * memoized(_MICRO_CACHE, cfg, layout, lambda: hidden_tp_seconds(cfg, layout, eff),
+                                            "hidden tp", eff, links)
+    waited = kinds["tensor parallel"] - hidden + kinds["scalars"]
     block = sum(micro.values()) * (1 + idle_share) / len(cfg.pattern)
     tail = exposed_tail(layout, collectives, eff, block) if kinds["overlapped"] else 0.0
     hidden_behind = compute + waited
     exposed_dp = tail + max(0.0, kinds["overlapped"] - tail - hidden_behind)
-    parts["tensor-parallel communication"] = kinds["tensor parallel"]
+    parts["tensor-parallel communication"] = kinds["tensor parallel"] - hidden
     parts["scalar collectives"] = kinds["scalars"]
     parts["communication (exposed)"] = exposed_dp
     return StepTime(parts=parts, compute=compute, communication=sum(kinds.values()),
-                    exposed_communication=waited + exposed_dp, collectives=collectives)
+                    exposed_communication=waited + exposed_dp, collectives=collectives, hidden_tensor_parallel=hidden)

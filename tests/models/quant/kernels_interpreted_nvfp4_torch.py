@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 import quant_oracles as oracle
 from kernels_interpreted import run_checks
-from models.quant import kernels, nvfp4_torch
+from models.quant import kernels, nvfp4_layout, nvfp4_torch
 from models.quant.gemm_spec import OperandSpec
 from models.quant.kernels import nvfp4, nvfp4_amax
 from models.quant.kernels.options import NVFP4_OPTIONS
@@ -36,7 +36,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run under TRITON_INTERPRET=1"
 kernels.use_triton(True)
 
 
-def _same_operand(got: nvfp4_torch.Nvfp4Operand, want: nvfp4_torch.Nvfp4Operand, what: str) -> None:
+def _same_operand(got: nvfp4_layout.Nvfp4Operand, want: nvfp4_layout.Nvfp4Operand, what: str) -> None:
     assert got.reduction == want.reduction and got.data.shape == want.data.shape, what
     assert torch.equal(got.data, want.data), f"{what}: packed codes"
     assert torch.equal(got.scale, want.scale), f"{what}: swizzled scales"
@@ -134,7 +134,7 @@ class _Launches:
 
 def _packed(codes: torch.Tensor, multiple: int) -> torch.Tensor:
     """pack_codes of uint8 codes [rows, n], zero-padded to round_up(n, multiple) codes a row."""
-    return F.pad(nvfp4_torch.pack_codes(codes), (0, (-codes.shape[1] % multiple) // 2))
+    return F.pad(nvfp4_layout.pack_codes(codes), (0, (-codes.shape[1] % multiple) // 2))
 
 
 def _codes_only(call, x: torch.Tensor, what: str):
@@ -253,7 +253,7 @@ def check_the_layers_codes_are_not_packed_again() -> None:
         got, want = both.t().operand(), alone.operand()
         assert got.data.data_ptr() == both.transposed_data.data_ptr(), f"{spec.describe()}: W^T repacked"
         _same_operand(got, want, f"{spec.describe()} W^T from the same pass")
-        repacked = nvfp4_torch.Nvfp4Codes(both.data, both.scales, both.decode, 16).t().operand()
+        repacked = nvfp4_layout.Nvfp4Codes(both.data, both.scales, both.decode, 16).t().operand()
         _same_operand(got, repacked, f"{spec.describe()} W^T repacked by torch")
         if spec.rounding == "nearest":
             _same_operand(got, nvfp4_torch.reference_codes(x, spec, transpose=True, name="op").operand(),

@@ -22,8 +22,9 @@ from torch.testing._internal.common_quantized import (_bfloat16_to_float4_e2m1fn
 from models.quant import formats, nvfp4_torch
 from models.quant.gemm_spec import OperandSpec, fp8_block_linear_spec, nvfp4_linear_spec
 from models.quant.linear import QuantLinear
-from models.quant.nvfp4_torch import (Nvfp4Codes, Nvfp4Operand, TorchNvfp4Linear, pack_codes, quantize_operand,
-                                      reference_codes, swizzle_scales, unpack_codes, unswizzle_scales)
+from models.quant.nvfp4_layout import (Nvfp4Codes, Nvfp4Operand, pack_codes, swizzle_scales, unpack_codes,
+                                       unswizzle_scales)
+from models.quant.nvfp4_torch import TorchNvfp4Linear, quantize_operand, reference_codes
 from models.quant.rht import rht
 
 

@@ -26,7 +26,8 @@ from models.quant import kernels, nvfp4_torch
 from models.quant.format_registry import NVFP4_TORCH
 from models.quant.gemm_spec import OperandSpec, nvfp4_linear_spec
 from models.quant.linear import QuantLinear
-from models.quant.nvfp4_torch import Nvfp4Codes, TorchNvfp4Linear, nvfp4_gemm, quantize_operand, reference_codes
+from models.quant.nvfp4_layout import Nvfp4Codes, Nvfp4Operand
+from models.quant.nvfp4_torch import TorchNvfp4Linear, nvfp4_gemm, quantize_operand, reference_codes
 
 pytestmark = pytest.mark.gpu
 
@@ -122,7 +123,7 @@ def test_the_layer_with_the_stand_in_gemm_is_the_emulated_layer(monkeypatch, spe
 
 
 def _dequantized_scaled_gemm(a, b, scale_a, scale_b, decode_a, decode_b, out_dtype):
-    ops = [nvfp4_torch.Nvfp4Operand(data, scale, decode, 2 * data.shape[1]) for data, scale, decode in
+    ops = [Nvfp4Operand(data, scale, decode, 2 * data.shape[1]) for data, scale, decode in
            ((a, scale_a, decode_a), (b, scale_b, decode_b))]
     return (ops[0].scaled_values() @ ops[1].scaled_values().t()).mul_(decode_a * decode_b).to(out_dtype)
 
