@@ -113,7 +113,10 @@ def _gather_worker(rank: int, world: int) -> None:
     up_proj) and every row-parallel linear reduce-scattering its output and gathering dY quantized, the model
     computes, bit for bit, what it computes when every gather moves high-precision values: the gathered codes
     and scales (X forward; X^T, dY and dY^T backward) are those of the gathered tensors. Without the group's
-    amax for X the logits move (the control)."""
+    amax for X the logits move (the control); with the blocks traced by Dynamo they do not (the gradients to
+    summation order)."""
+    import contextlib
+
     from torch.distributed.tensor.debug import CommDebugMode
 
     import models.quant.recipe as recipe
@@ -121,6 +124,9 @@ def _gather_worker(rank: int, world: int) -> None:
     from models.quant import nvfp4_torch
     from models.quant.quantized_linear import TP_AMAX_OPERANDS, AmaxReduction
     from test_tensor_parallel import build, precision_config, tp_config, tp_mesh
+    from torch._dynamo.utils import counters
+
+    from trainer.compile import apply_compile, compile_fallbacks
 
     nvfp4_torch.nvfp4_gemm = lambda a, b, out_dtype: (a.dequantize() @ b.dequantize().t()).to(out_dtype)
     nvfp4_torch.check_native_support = lambda *args, **kwargs: None
@@ -133,8 +139,9 @@ def _gather_worker(rank: int, world: int) -> None:
     ids = torch.randint(0, cfg.vocab_size, (2, 64), generator=generator)
     labels = torch.randint(0, cfg.vocab_size, (2, 64), generator=generator)
     original, original_scatterer = tensor_parallel.quantized_input_gatherer, tensor_parallel.quantized_output_scatterer
+    traced = []
 
-    def run(gathers: bool, control: bool = False):
+    def run(gathers: bool, control: bool = False, compiled: bool = False):
         model = build(cfg, precision)
         assert isinstance(model.layers[0].mixer.in_proj, nvfp4_torch.TorchNvfp4Linear)
         if not gathers:
@@ -149,10 +156,14 @@ def _gather_worker(rank: int, world: int) -> None:
                 layer = original(block)
                 if layer is not None:
                     layer.amax_reduction = AmaxReduction(layer.amax_reduction.group, TP_AMAX_OPERANDS["column"])
-        with CommDebugMode() as forward_comms:
+        if compiled:  # Dynamo traces the blocks, the quantized gathers inside them (no code generation)
+            apply_compile(model, backend=lambda graph, inputs: traced.append(graph) or graph.forward)
+        # Counted eagerly: Dynamo does not trace under a dispatch mode such as CommDebugMode.
+        counting = contextlib.nullcontext if compiled else CommDebugMode
+        with counting() as forward_comms:
             logits = model(ids)
         loss = tensor_parallel.cross_entropy(logits, labels, mesh)
-        with CommDebugMode() as backward_comms:
+        with counting() as backward_comms:
             loss.backward()
         tensor_parallel.reduce_tp_replicated_grads(model)
         grads = {name: param.grad.to_local() for name, param in model.named_parameters()}
@@ -177,6 +188,12 @@ def _gather_worker(rank: int, world: int) -> None:
         assert torch.equal(grad, grads_hp[name]), name
     _, _, logits_control, _ = run(gathers=True, control=True)
     assert not torch.equal(logits_control, logits)
+    _, _, logits_compiled, grads_compiled = run(gathers=True, compiled=True)
+    assert compile_fallbacks() == [] and dict(counters["graph_break"]) == {}
+    assert len(traced) >= 3  # one graph per mixer kind at least (blocks of a kind share theirs)
+    assert torch.equal(logits_compiled, logits)
+    for name, grad in grads.items():  # the traced backward may sum in another order (the embedding's, 1e-6)
+        torch.testing.assert_close(grads_compiled[name], grad, rtol=0, atol=1e-5 * grad.abs().max().item())
 
 
 @pytest.mark.distributed
