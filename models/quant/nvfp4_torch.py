@@ -93,8 +93,9 @@ from models.quant.format_registry import NVFP4_TORCH
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, nvfp4_linear_spec
 from models.quant.linear import (RoundingRng, amax_reduced, group_kernel_scales, kernel_for, operand_generator,
                                  operand_seed)
-from models.quant.quantized_linear import (GATHERED_INPUT_OPERANDS, SCATTERED_OUTPUT_OPERANDS, AmaxReduction,
-                                           NativeQuantizedLinear, group_amax, high_precision_gemm, with_amax_rows)
+from models.quant.quantized_linear import (GATHERED_INPUT_OPERANDS, SCATTERED_OUTPUT_OPERANDS, TP_AMAX_OPERANDS,
+                                           AmaxReduction, NativeQuantizedLinear, group_amax, high_precision_gemm,
+                                           with_amax_rows)
 from models.quant.nvfp4_layout import BLOCK, REDUCTION_MULTIPLE, Nvfp4Codes, Nvfp4Operand
 from models.quant.rht import rht
 from models.quant.sequence_gather import (check_gathered_share, gather_along_sequence, gather_sequence,
@@ -496,23 +497,23 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
         "Quantize, then gather" above): a column-parallel layer (``set_tensor_parallel('column', ...)`` first),
         whose X and X^T then take the group's amax too. A GEMM the spec keeps in high precision gathers X in the
         compute dtype; the output's rows are every token's, as with the gather before the layer."""
-        reduction = self.amax_reduction
-        if reduction is None or "Fprop W" not in reduction.operands or "Fprop X" in reduction.operands:
-            raise ValueError(f"layer {self.name!r}: only a column-parallel layer gathers its input "
-                             "(set_tensor_parallel('column', ...) first)")
-        self.amax_reduction = AmaxReduction(reduction.group, reduction.operands | GATHERED_INPUT_OPERANDS)
+        self._add_group_amax("column", GATHERED_INPUT_OPERANDS, "gathers its input")
         self.sequence_group = group
 
     def scatter_output(self, group) -> None:
         """Reduce-scatter the output's partial sums along the sequence here, to the rank's [B, t, N], and gather
         the output's gradient in the backward as codes: a row-parallel layer (``set_tensor_parallel('row',
         ...)`` first) whose Dgrad and Wgrad are NVFP4; dY and dY^T then take the group's amax too."""
-        reduction = self.amax_reduction
-        if reduction is None or "Fprop X" not in reduction.operands or "Dgrad dY" in reduction.operands:
-            raise ValueError(f"layer {self.name!r}: only a row-parallel layer scatters its output "
-                             "(set_tensor_parallel('row', ...) first)")
-        self.amax_reduction = AmaxReduction(reduction.group, reduction.operands | SCATTERED_OUTPUT_OPERANDS)
+        self._add_group_amax("row", SCATTERED_OUTPUT_OPERANDS, "scatters its output")
         self.scatter_group = group
+
+    def _add_group_amax(self, role: str, operands: frozenset, what: str) -> None:
+        """``operands`` take the group's amax as well: only once, on a layer set_tensor_parallel made ``role``."""
+        reduction = self.amax_reduction
+        if reduction is None or reduction.operands != TP_AMAX_OPERANDS[role]:
+            raise ValueError(f"layer {self.name!r}: only a {role}-parallel layer {what}, once "
+                             f"(set_tensor_parallel({role!r}, ...) first)")
+        self.amax_reduction = AmaxReduction(reduction.group, reduction.operands | operands)
 
     def check_input(self, x: torch.Tensor) -> None:
         super().check_input(x)

@@ -238,39 +238,50 @@ def _saves_quantized_input(cfg: TrainConfig, backend: str) -> bool:
     return backend == "native" and not (torch_layer and quantize_kernel(cfg.precision.format) == "nvfp4")
 
 
+def _sole_linears(model: ModelConfig, parallel) -> list:
+    """The name of each block's linear in ``parallel`` (COLUMN_PARALLEL or ROW_PARALLEL) when it is the
+    mixer's only one there."""
+    from models.gemms import block_linears
+
+    out = []
+    for index, symbol in enumerate(model.pattern):
+        found = [module for module, _, _, _ in block_linears(model, symbol) if module in parallel]
+        if len(found) == 1:
+            out.append(f"layers.{index}.mixer.{found[0]}")
+    return out
+
+
+_SEQUENCE_GATHERS_CACHE: dict = {}
+
+
+def _sequence_gathers(model: ModelConfig, layout: "RunLayout") -> tuple:
+    """(quantized_input_gathers, quantized_output_scatters), once per model and layout."""
+    from trainer.planning.parameters import COLUMN_PARALLEL, ROW_PARALLEL
+
+    def quantized(name: str, kind: str) -> bool:
+        return layout.gemm_formats.get(name, {}).get(kind, "bf16") != "bf16"
+
+    def compute() -> tuple:
+        if not layout.gathers_quantized_input or layout.tp == 1:
+            return frozenset(), frozenset()
+        gathers = frozenset(name for name in _sole_linears(model, COLUMN_PARALLEL) if quantized(name, "fprop"))
+        scatters = frozenset(name for name in _sole_linears(model, ROW_PARALLEL)
+                             if quantized(name, "dgrad") and quantized(name, "wgrad"))
+        return gathers, scatters
+
+    return memoized(_SEQUENCE_GATHERS_CACHE, model, layout, compute, checkpointing=False, micro_batch=False)
+
+
 def quantized_input_gathers(model: ModelConfig, layout: "RunLayout") -> frozenset:
     """The linears that gather their sequence-parallel input quantized (``RunLayout.gathers_quantized_input``):
     a block's column-parallel linear when it is the mixer's only one and its Fprop is quantized."""
-    if not layout.gathers_quantized_input or layout.tp == 1:
-        return frozenset()
-    from models.gemms import block_linears
-    from trainer.planning.parameters import COLUMN_PARALLEL
-
-    names = []
-    for index, symbol in enumerate(model.pattern):
-        columns = [module for module, _, _, _ in block_linears(model, symbol) if module in COLUMN_PARALLEL]
-        name = f"layers.{index}.mixer.{columns[0]}" if len(columns) == 1 else None
-        if name is not None and layout.linear_format(name) != "bf16":
-            names.append(name)
-    return frozenset(names)
+    return _sequence_gathers(model, layout)[0]
 
 
 def quantized_output_scatters(model: ModelConfig, layout: "RunLayout") -> frozenset:
     """The row-parallel linears that reduce-scatter their output themselves and gather its gradient as codes
     (``RunLayout.gathers_quantized_input``): a mixer's row-parallel linear whose Dgrad and Wgrad are quantized."""
-    if not layout.gathers_quantized_input or layout.tp == 1:
-        return frozenset()
-    from models.gemms import block_linears
-    from trainer.planning.parameters import ROW_PARALLEL
-
-    names = []
-    for index, symbol in enumerate(model.pattern):
-        rows = [module for module, _, _, _ in block_linears(model, symbol) if module in ROW_PARALLEL]
-        name = f"layers.{index}.mixer.{rows[0]}" if len(rows) == 1 else None
-        formats = layout.gemm_formats.get(name, {}) if name else {}
-        if formats.get("dgrad", "bf16") != "bf16" and formats.get("wgrad", "bf16") != "bf16":
-            names.append(name)
-    return frozenset(names)
+    return _sequence_gathers(model, layout)[1]
 
 
 def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Optional[int] = None,
