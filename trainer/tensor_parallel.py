@@ -368,7 +368,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
               "quantized_input_gathers": 0, "quantized_output_scatters": 0,
               "collectives_per_micro_batch": {
                   "forward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0},
-                  "backward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0}}}
+                  "backward": {"all_gather": 0, "reduce_scatter": 0, "amax_all_reduce": 0}},
+              # and once per sequence of the micro-batch: a scattering linear's forward reduce-scatters
+              "reduce_scatters_per_sequence": 0}
     if tp == 1:
         return counts
     if getattr(model, "tensor_parallel", None) is not None:
@@ -430,10 +432,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         scatterer = quantized_output_scatterer(block)
         if scatterer is None:
             block.mixer.register_forward_hook(functools.partial(_reduce_scatter_hook, group))
-        else:  # the mixer's row-parallel linear reduce-scatters its output, and gathers dY and dY^T as codes
+        else:  # the mixer's row-parallel linear reduce-scatters its output a sequence at a time, and gathers
+            # dY's and dY^T's codes (two gathers: dY^T's moves while Dgrad runs)
             scatterer.scatter_output(group)
             counts["quantized_output_scatters"] += 1
+            counts["reduce_scatters_per_sequence"] += 1
+            counts["collectives_per_micro_batch"]["forward"]["reduce_scatter"] -= 1
             counts["collectives_per_micro_batch"]["backward"]["amax_all_reduce"] += 2
+            counts["collectives_per_micro_batch"]["backward"]["all_gather"] += 1
         counts["sequence_parallel_mixers"] += 1
         for phase in ("forward", "backward"):
             counts["collectives_per_micro_batch"][phase]["all_gather"] += 1

@@ -134,6 +134,12 @@ class Nvfp4Codes:
         """uint8 E2M1 codes [rows, reduction]."""
         return unpack_codes(self.data)[:, : self.reduction]
 
+    def row_slice(self, start: int, count: int) -> "Nvfp4Codes":
+        """Rows [start, start + count) (views): 1x16 blocks only, whose rows quantize independently."""
+        if self.tile_rows != 1:
+            raise ValueError("row_slice takes 1x16 blocks; a 16x16 tile spans 16 rows")
+        return Nvfp4Codes(self.data[start:start + count], self.scales[start:start + count], self.decode)
+
     def t(self) -> "Nvfp4Codes":
         """The transposed operand: a 16x16 tile is a tile of the transpose, with the same scale."""
         if self.tile_rows != BLOCK:

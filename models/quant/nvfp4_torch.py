@@ -70,8 +70,9 @@ amax pass over the shard reduced over the group, ``kernels.nvfp4.group_scales``;
 kernels do not run), so a sharded layer's codes are the unsharded layer's. Under sequence parallelism the
 layer also moves operands along the sequence quantized (the section "Quantize, then gather"): a column-parallel
 layer given ``gather_input`` takes the rank's tokens and gathers X's codes (forward) and X^T's (backward),
-reduce-scattering dX; a row-parallel one given ``scatter_output`` reduce-scatters its output and gathers dY's
-and dY^T's codes in the backward. The gathered codes are those of the gathered tensor, bit for bit.
+reduce-scattering dX; a row-parallel one given ``scatter_output`` runs Fprop and the output's reduce-scatter a
+sequence at a time (``sequence_gather.gemm_reduce_scatter``) and gathers dY's codes, then dY^T's (moving while
+Dgrad runs), in the backward. The gathered codes are those of the gathered tensor, bit for bit.
 
 Sources: TE ``core_nvfp4.cuh`` (the quantization); PyTorch ``aten/src/ATen/native/cuda/ScaledBlas.cpp``,
 ``torch/_meta_registrations.py``, ``test/test_scaled_matmul_cuda.py``,
@@ -99,7 +100,7 @@ from models.quant.quantized_linear import (GATHERED_INPUT_OPERANDS, SCATTERED_OU
 from models.quant.nvfp4_layout import BLOCK, REDUCTION_MULTIPLE, Nvfp4Codes, Nvfp4Operand
 from models.quant.rht import rht
 from models.quant.sequence_gather import (check_gathered_share, gather_along_sequence, gather_sequence,
-                                          launch_sequence_gather, reduce_scatter_along_sequence)
+                                          gemm_reduce_scatter, launch_sequence_gather, reduce_scatter_along_sequence)
 
 REQUIREMENT = f"torch.nn.functional.scaled_mm with NVFP4 recipes on a CUDA GPU of {NVFP4_TORCH.describe()}"
 
@@ -313,11 +314,11 @@ def _scaled_gemm_fake(a, b, scale_a, scale_b, decode_a, decode_b, out_dtype):
 # Quantize, then gather: operands along the sequence (models.quant.sequence_gather moves them)
 
 
-def gathered_rows_operand(x2: torch.Tensor, spec: OperandSpec, batch: int, group, **quantize) -> Nvfp4Operand:
+def gathered_rows_operand(x2: torch.Tensor, spec: OperandSpec, batch: int, group, **quantize) -> Nvfp4Codes:
     """Fprop's X [B T, K] from the rank's x2 [B t, K]: quantized here (the group's amax), gathered as codes."""
     codes = quantize_operand(x2, spec, transpose=False, **quantize)
     (data, scales), _ = gather_sequence((codes.data, codes.scales), (), batch, group)
-    return Nvfp4Codes(data, scales, codes.decode).operand()
+    return Nvfp4Codes(data, scales, codes.decode)
 
 
 def launch_gathered_columns_operand(x2: torch.Tensor, spec: OperandSpec, batch: int, group, **quantize):
@@ -336,15 +337,21 @@ def launch_gathered_columns_operand(x2: torch.Tensor, spec: OperandSpec, batch: 
 
 
 def gathered_gradient_operands(dy: torch.Tensor, dgrad: OperandSpec, wgrad: OperandSpec, batch: int, group,
-                               **quantize) -> Tuple[Nvfp4Operand, Nvfp4Operand]:
+                               **quantize):
     """Dgrad's dY [B T, N] and Wgrad's dY^T [N, B T] from the rank's dy [B t, N] (a row-parallel layer that
-    reduce-scatters its output): both quantized here with the group's amax, gathered in one all-gather."""
+    reduce-scatters its output): both quantized here with the group's amax, their gathers issued one after the
+    other. Returns (dY, a function giving dY^T): dY^T's gather moves while Dgrad runs."""
     rows = quantize_operand(dy, dgrad, transpose=False, name="Dgrad dY", **quantize)
     columns = quantize_operand(dy, wgrad, transpose=True, name="Wgrad dY^T", **quantize)
-    (row_data, row_scales), (column_data, column_scales) = gather_sequence(
-        (rows.data, rows.scales), (columns.data[:, : dy.shape[0] // 2], columns.scales), batch, group)
-    return (Nvfp4Codes(row_data, row_scales, rows.decode).operand(),
-            Nvfp4Codes(column_data, column_scales, columns.decode).operand())
+    pending_rows = launch_sequence_gather((rows.data, rows.scales), (), batch, group)
+    pending_columns = launch_sequence_gather((), (columns.data[:, : dy.shape[0] // 2], columns.scales), batch, group)
+    (row_data, row_scales), _ = pending_rows()
+
+    def columns_operand() -> Nvfp4Operand:
+        _, (column_data, column_scales) = pending_columns()
+        return Nvfp4Codes(column_data, column_scales, columns.decode).operand()
+
+    return Nvfp4Codes(row_data, row_scales, rows.decode).operand(), columns_operand
 
 
 
@@ -362,7 +369,7 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         # gather: the tp group when x is the rank's share [B, t, K] of a sequence-parallel input, gathered here
         # as codes (Fprop X) and in the backward as X^T's codes; dX is reduce-scattered back to [B, t, K].
         # scatter: the tp group when the output's partial sums [B, T, N] are reduce-scattered here to the rank's
-        # [B, t, N]; the backward gathers dY and dY^T as codes.
+        # [B, t, N], a sequence at a time; the backward gathers dY and dY^T as codes.
         x2 = x.reshape(-1, x.shape[-1])  # [T, K] (gather: the rank's B t tokens)
         batch = x.shape[0] if gather is not None or scatter is not None else 1
         needs_dgrad = grad_enabled and ctx.needs_input_grad[0]
@@ -375,18 +382,27 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         if spec.fprop is not None and wgrad is not None and not amax_reduced(amax, "Fprop X", "Wgrad X^T"):
             x_scales = shared_scales(x2, spec.fprop.a, wgrad.b)
         w_t_op = None
-        if spec.fprop is None:
+        if spec.fprop is None and scatter is not None:
+            out = gemm_reduce_scatter(lambda start, rows: high_precision_gemm(x2[start:start + rows], weight,
+                                                                              compute_dtype), x2.shape[0], batch, scatter)
+        elif spec.fprop is None:
             out = high_precision_gemm(x2 if gather is None else gather_along_sequence(x, gather), weight, compute_dtype)
         else:
             if gather is None:
-                x_op = quantize_operand(x2, spec.fprop.a, transpose=False, rng=rng, name="Fprop X", scales=x_scales,
-                                        amax=amax).operand()
+                x_codes = quantize_operand(x2, spec.fprop.a, transpose=False, rng=rng, name="Fprop X",
+                                           scales=x_scales, amax=amax)
             else:
-                x_op = gathered_rows_operand(x2, spec.fprop.a, batch, gather, rng=rng, name="Fprop X", amax=amax)
+                x_codes = gathered_rows_operand(x2, spec.fprop.a, batch, gather, rng=rng, name="Fprop X", amax=amax)
             reuse_w = dgrad is not None and spec.reuses_forward_weight  # Dgrad's W^T: these 16x16 codes transposed
             w_codes = quantize_operand(weight, spec.fprop.b, transpose=False, rng=rng, name="Fprop W", amax=amax,
                                        with_transpose=reuse_w)
-            out = nvfp4_gemm(x_op, w_codes.operand(), compute_dtype)
+            w_op = w_codes.operand()
+            if scatter is None:
+                out = nvfp4_gemm(x_codes.operand(), w_op, compute_dtype)
+            else:  # [B, t, N]: the GEMM and its reduce-scatter a sequence at a time
+                out = gemm_reduce_scatter(lambda start, rows: nvfp4_gemm(x_codes.row_slice(start, rows).operand(),
+                                                                         w_op, compute_dtype),
+                                          x2.shape[0], batch, scatter)
             if reuse_w:
                 w_t_op = w_codes.t().operand()
         ctx.spec, ctx.compute_dtype, ctx.amax, ctx.gather, ctx.batch = spec, compute_dtype, amax, gather, batch
@@ -402,8 +418,8 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
             *((w_t_op.data, w_t_op.scale, w_t_op.decode) if w_t_op is not None else (None,) * 3),
             x_scales, rng if ctx.seed_saved else None,
         )
-        if scatter is not None:  # [B T, N] partial sums -> the rank's [B, t, N] of their sum
-            return funcol.wait_tensor(reduce_scatter_along_sequence(out, batch, scatter))
+        if scatter is not None:  # the rank's [B, t, N] of the partial sums' sum
+            return out
         return out.reshape(*x.shape[:-2], -1, weight.shape[0])
 
     @staticmethod
@@ -417,11 +433,11 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         wgrad = spec.wgrad if needs_wgrad else None
         dy = grad_output.reshape(-1, grad_output.shape[-1])  # [T, N] (scatter: the rank's B t tokens)
         grad_x = grad_weight = None
-        dy_op = dy_t_op = None
+        dy_op = pending_dy_t = None
         if ctx.scatter is not None:
             if dgrad is not None and wgrad is not None:  # both quantized here, gathered as codes
-                dy_op, dy_t_op = gathered_gradient_operands(dy, dgrad.a, wgrad.a, ctx.batch, ctx.scatter, rng=rng,
-                                                            amax=amax)
+                dy_op, pending_dy_t = gathered_gradient_operands(dy, dgrad.a, wgrad.a, ctx.batch, ctx.scatter,
+                                                                 rng=rng, amax=amax)
             else:  # a GEMM in high precision takes the whole dY: gathered as it is
                 dy = gather_along_sequence(grad_output, ctx.scatter)
         # The backward may run under the caller's autocast (torch.compile traces it under the forward's): the
@@ -459,7 +475,9 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
                 x_all = x2 if gather is None else gather_along_sequence(x2.reshape(ctx.batch, -1, x2.shape[-1]), gather)
                 grad_weight = high_precision_gemm(dy.t(), x_all.t(), compute_dtype)
             else:
-                if dy_t_op is None:
+                if pending_dy_t is not None:
+                    dy_t_op = pending_dy_t()
+                else:
                     dy_t_op = quantize_operand(dy, wgrad.a, transpose=True, rng=rng, name="Wgrad dY^T",
                                                scales=dy_scales, amax=amax).operand()
                 if pending_x_t is None:

@@ -9,7 +9,8 @@ codes and the block scales, 1/2 + 1/16 byte an element, and each rank quantizes 
 (X, dY: 1x16) run along the features within a token, column blocks (X^T, dY^T, after the RHT, whose 16-tiles
 are blocks too) along the tokens of one sequence, never across a rank's share when t is a multiple of 16.
 Here: the gathers and scatters themselves (torch's functional collectives, differentiable by the caller's
-autograd function), dtype-agnostic.
+autograd function), dtype-agnostic, and a row-parallel GEMM pipelined with its reduce-scatter a sequence at a
+time (``gemm_reduce_scatter``: NCCL moves one sequence's sums while the next sequence's GEMM runs).
 """
 
 from __future__ import annotations
@@ -71,6 +72,18 @@ def reduce_scatter_along_sequence(partial: torch.Tensor, batch: int, group):
     """Partial sums [B T, K] of every token -> this rank's [B, t, K] of their sum, issued now: the result is an
     async tensor, waited for (``funcol.wait_tensor``) where it is needed."""
     return _reduce_scatter(partial.reshape(batch, -1, partial.shape[-1]), "sum", scatter_dim=1, group=group)
+
+
+def gemm_reduce_scatter(gemm_rows, rows: int, batch: int, group) -> torch.Tensor:
+    """A row-parallel GEMM's partial sums of B T tokens ([rows, N], rows = B T, sequence by sequence) reduce-scattered
+    to the rank's [B, t, N], a sequence at a time: ``gemm_rows(start, count)`` computes rows [start, start +
+    count), and each sequence's reduce-scatter moves while the next one's GEMM runs. Every output row is the
+    whole GEMM's, and each token's sum is the one a reduce-scatter of the whole would form."""
+    length = rows // batch
+    pending = [reduce_scatter_along_sequence(gemm_rows(s * length, length), 1, group) for s in range(batch)]
+    if batch == 1:
+        return funcol.wait_tensor(pending[0])
+    return torch.cat([funcol.wait_tensor(piece) for piece in pending])  # [1, t, N] each
 
 
 def check_gathered_share(x: torch.Tensor, name: str, ranks: int) -> None:

@@ -70,8 +70,8 @@ def test_nothing_fits_returns_the_leanest_plan_and_a_batch_no_layout_runs_is_ref
 # the batch (736 +- 5%) forces tensor parallelism (tp 4 / 8), whose collectives are mostly not overlapped, the
 # reduce-scatters of BF16 partial sums the largest of them: docs/planning.md, "The 12B on B200: the scaling goal".
 GOAL = {64: 0.90, 256: 0.90, 1024: 0.80, 2048: 0.80}
-NOT_MET = {1024: "plans 78% of the 8-GPU MFU (tp 4: most TP collectives not overlapped)",
-           2048: "plans 63% of the 8-GPU MFU (tp 8, 3,072 tokens a GPU a step)"}
+NOT_MET = {1024: "plans 79.7% of the 8-GPU MFU (tp 4: most TP collectives not overlapped)",
+           2048: "plans 64.6% of the 8-GPU MFU (tp 8, 3,072 tokens a GPU a step)"}
 
 
 @pytest.mark.parametrize("gpus", sorted(GOAL))

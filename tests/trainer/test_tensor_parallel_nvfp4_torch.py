@@ -172,11 +172,14 @@ def _gather_worker(rank: int, world: int) -> None:
     info, comms, logits, grads = run(gathers=True)
     assert info["quantized_input_gathers"] == 5  # M-M*M-: three in_proj, two up_proj; attention gathers first
     assert info["quantized_output_scatters"] == 6  # every mixer's row-parallel linear
+    assert info["reduce_scatters_per_sequence"] == 6  # each scatterer's forward, a sequence at a time
     for counted, phase in zip(comms, ("forward", "backward")):
         counts = {str(op).split(".")[-1]: n for op, n in counted.get_comm_counts().items()}
         expected = info["collectives_per_micro_batch"][phase]
-        assert counts.get("all_gather_into_tensor", 0) == expected["all_gather"] == 7 + 5 * (phase == "backward")
-        assert counts.get("reduce_scatter_tensor", 0) == expected["reduce_scatter"] == 7
+        # forward: the embedding's, the attention's; backward: + each gatherer's X^T, each scatterer's dY^T
+        assert counts.get("all_gather_into_tensor", 0) == expected["all_gather"] == 7 + (5 + 6) * (phase == "backward")
+        pieces = ids.shape[0] * info["reduce_scatters_per_sequence"] if phase == "forward" else 0
+        assert counts.get("reduce_scatter_tensor", 0) == expected["reduce_scatter"] + pieces == 7 + 6 * (phase == "forward")
         assert counts.get("all_reduce", 0) == expected["amax_all_reduce"]
     info_hp, _, logits_hp, grads_hp = run(gathers=False)
     assert info_hp["quantized_input_gathers"] == info_hp["quantized_output_scatters"] == 0

@@ -46,11 +46,14 @@ h hidden), per block and micro-batch, not overlapped with compute (but for the f
                                      gather: X forward (again in a recomputing block), X^T for Wgrad in the
                                      backward (c t h: X, when Wgrad runs in the compute dtype); its dX
                                      reduce-scatter is the mixer input's above
-    all_gather over tp      2 t h (1/2 + 1/16)  a mixer's row-parallel linear in NVFP4 (Dgrad and Wgrad) on the
-                                     torch layer reduce-scatters its output itself (the mixer output's above;
-                                     inside its autograd function, so a recomputing block's scatters again)
-                                     and gathers the output's gradient as dY's and dY^T's codes and scales in
-                                     place of the mixer's BF16 gather
+    reduce_scatter over tp  c t h / B  a mixer's row-parallel linear in NVFP4 (Dgrad and Wgrad) on the torch
+                                     layer reduce-scatters its output itself, in place of the mixer output's
+                                     forward one above, one sequence of the micro-batch's B at a time (each
+                                     moving while the next sequence's Fprop runs; inside its autograd
+                                     function, so a recomputing block's scatters again)
+    all_gather over tp      t h (1/2 + 1/16)  twice: the same linear gathers the output's gradient as dY's
+                                     codes and scales, then dY^T's (moving while Dgrad runs), in place of the
+                                     mixer's BF16 gather
     all_reduce over tp      4 bytes  each per-tensor amax of a quantized TP linear whose format has a tensor
                                      scale (NVFP4, per-tensor FP8): column-parallel W (Fprop), dY (Dgrad),
                                      dY^T (Wgrad); row-parallel and gathering ones W and X (Fprop), X^T
@@ -232,9 +235,7 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     recomputing_scatters = sum(model.pattern[int(name.split(".")[1])] in layout.checkpointed for name in scattering)
     out = [Collective(ALL_GATHER, TP, T, activation, A * (2 * blocks - len(gathering) - len(scattering) + recomputing),
                       compute, "sequence-parallel mixer input"),
-           # a scattering linear's reduce-scatter runs inside its autograd function, whose saved tensors are
-           # packed as it returns: a recomputing block's scatters again (its result unused)
-           Collective(REDUCE_SCATTER, TP, T, activation, A * (2 * blocks + recomputing_scatters), compute,
+           Collective(REDUCE_SCATTER, TP, T, activation, A * (2 * blocks - len(scattering)), compute,
                       "sequence-parallel mixer output"),
            Collective(REDUCE_SCATTER, TP, T, activation, A, compute, "vocabulary-parallel embedding rows (forward)"),
            Collective(ALL_GATHER, TP, T, activation, A, compute, "vocabulary-parallel embedding gradient (backward)"),
@@ -252,9 +253,16 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
         out.append(Collective(ALL_GATHER, TP, T, codes, A * (forward_gathers + wgrad_quantized), "uint8",
                               "sequence-parallel input of a column-parallel NVFP4 linear, quantized (codes and "
                               "block scales)"))
-    if scattering:  # a row-parallel linear's dY for Dgrad and dY^T for Wgrad, in one gather
-        out.append(Collective(ALL_GATHER, TP, T, 2 * codes, A * len(scattering), "uint8",
-                              "sequence-parallel output gradient of a row-parallel NVFP4 linear, quantized (dY and "
+    if scattering:
+        # A scattering linear reduce-scatters its output a sequence at a time (inside its autograd function,
+        # whose saved tensors are packed as it returns: a recomputing block's scatters again, its result unused),
+        # and gathers dY for Dgrad, then dY^T for Wgrad.
+        B = layout.micro_batch
+        out.append(Collective(REDUCE_SCATTER, TP, T, activation // B, A * B * (len(scattering) + recomputing_scatters),
+                              compute, "sequence-parallel mixer output of a row-parallel NVFP4 linear, a sequence at "
+                              "a time"))
+        out.append(Collective(ALL_GATHER, TP, T, codes, 2 * A * len(scattering), "uint8",
+                              "sequence-parallel output gradient of a row-parallel NVFP4 linear, quantized (dY, then "
                               "dY^T: codes and block scales)"))
     if len(gathering) > wgrad_quantized:
         out.append(Collective(ALL_GATHER, TP, T, activation, A * (len(gathering) - wgrad_quantized), compute,

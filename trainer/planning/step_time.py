@@ -14,7 +14,8 @@ Per micro-batch (t tokens), each term at a stated share of the datasheet rate (`
                    per-token work that does not grow with d N: the small-model floor)
     elementwise    ELEMENTWISE_PASSES x the activations the blocks save (memory.block_activation_bytes)
                    + CAST_BYTES_PER_WEIGHT per linear weight (the BF16 copy made in forward, the
-                   gradient widened to FP32) / (HBM x memory)
+                   gradient widened to FP32) + the copy joining a scattering linear's per-sequence
+                   outputs / (HBM x memory)
     loss           LOSS_BYTES_PER_LOGIT per logit / (HBM x memory)  (cast, log-softmax, its backward)
 
     micro-batch    the sum above x (1 + idle): the GPU waiting on launches between kernels
@@ -28,7 +29,9 @@ collectives list (trainer.planning.collectives.step_collectives, its seconds per
                       reduce-scatters sit between a block's norm and its mixer, the amax all-reduces
                       before the quantization that needs them; except, in a linear that gathers its
                       input quantized, the backward's X^T gather behind its Dgrad and dX's
-                      reduce-scatter behind its Wgrad, as much as those cover (``hidden_tp_seconds``)
+                      reduce-scatter behind its Wgrad, and in one that scatters its output, its
+                      reduce-scatters a sequence at a time behind the next sequence's Fprop and dY^T's
+                      gather behind its Dgrad, as much as those cover (``hidden_tp_seconds``)
     scalars           the loss, gradient-norm and flag all-reduces, not overlapped
     FSDP / HSDP       overlapped with the step's compute and TP time (FSDP2 gathers the next unit and
                       reduces the previous one on their own streams) except what exceeds them, and the
@@ -183,24 +186,36 @@ def _each_gemm(cfg: ModelConfig, layout: RunLayout, eff: Efficiency):
 
 
 def hidden_tp_seconds(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> float:
-    """Seconds of TP collectives a micro-batch hides behind its GEMMs: a linear that gathers its input quantized
-    gathers X^T's codes while its Dgrad runs (quantization included) and reduce-scatters dX while its Wgrad
-    runs; each hides what of the collective the GEMM's time covers (NCCL on its own stream, the GEMM assumed
-    not slowed by it)."""
-    gathering = quantized_input_gathers(cfg, layout)
-    if not gathering:
+    """Seconds of TP collectives a micro-batch hides behind its GEMMs (NCCL on its own stream, the GEMM assumed
+    not slowed by it):
+
+    - a linear that gathers its input quantized gathers X^T's codes while its Dgrad runs (quantization
+      included) and reduce-scatters dX while its Wgrad runs: each hides what of the collective the GEMM covers;
+    - a linear that scatters its output runs Fprop and the reduce-scatter a sequence at a time (B of them, r
+      seconds each, f of Fprop each): a two-stage pipeline hides (B - 1) min(r, f), again in a recomputing
+      block's forward; in the backward it gathers dY^T's codes while Dgrad runs."""
+    gathering, scattering = quantized_input_gathers(cfg, layout), quantized_output_scatters(cfg, layout)
+    if not gathering and not scattering:
         return 0.0
     windows: Dict[str, Dict[str, float]] = {}
     for gemm, seconds, quantizing in _each_gemm(cfg, layout, eff):
         if gemm.name in gathering:
             windows.setdefault(gemm.name, {})[gemm.kind] = seconds + quantizing
-    group = layout.tp
-    scatter = call_seconds(Collective(REDUCE_SCATTER, TP, group, layout.compute_bytes * layout.tokens_per_micro_batch
-                                      * cfg.hidden_size, 1, "", ""), layout, eff.network)
+        elif gemm.name in scattering:
+            windows.setdefault(gemm.name, {})[gemm.kind] = seconds  # its operands are quantized before the calls
+    group, pieces = layout.tp, layout.micro_batch
+    activation = layout.compute_bytes * layout.tokens_per_micro_batch * cfg.hidden_size
+    scatter = call_seconds(Collective(REDUCE_SCATTER, TP, group, activation, 1, "", ""), layout, eff.network)
+    piece = call_seconds(Collective(REDUCE_SCATTER, TP, group, activation // pieces, 1, "", ""), layout, eff.network)
     codes = call_seconds(Collective(ALL_GATHER, TP, group, layout.tokens_per_micro_batch * cfg.hidden_size
                                     * NVFP4_GATHERED_BYTES, 1, "", ""), layout, eff.network)
     hidden = 0.0
     for name, window in windows.items():
+        if name in scattering:
+            forwards = 2 if cfg.pattern[int(name.split(".")[1])] in layout.checkpointed else 1
+            hidden += forwards * (pieces - 1) * min(piece, window.get("fprop", 0.0) / pieces)
+            hidden += min(codes, window.get("dgrad", 0.0))
+            continue
         hidden += min(scatter, window.get("wgrad", 0.0))
         if layout.gemm_formats.get(name, {}).get("wgrad", "bf16") != "bf16":
             hidden += min(codes, window.get("dgrad", 0.0))
@@ -237,6 +252,16 @@ def _local_linear_weights(cfg: ModelConfig, layout: RunLayout) -> float:
     return (blocks + cfg.vocab_size * cfg.hidden_size) / layout.tp
 
 
+def _joined_pieces_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
+    """Bytes copied joining a scattering linear's per-sequence outputs into the rank's [B, t, h] (read and
+    written once, again in a recomputing block's forward)."""
+    if layout.micro_batch == 1:
+        return 0.0
+    forwards = sum(2 if cfg.pattern[int(name.split(".")[1])] in layout.checkpointed else 1
+                   for name in quantized_output_scatters(cfg, layout))
+    return forwards * 2 * layout.compute_bytes * layout.tokens_per_micro_batch / layout.tp * cfg.hidden_size
+
+
 def _compute_micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency) -> Dict[str, float]:
     tokens, seq, tp = layout.tokens_per_micro_batch, layout.seq_len, layout.tp
     bandwidth, peak = layout.gpu.hbm_bytes_per_s, layout.gpu.peak_flops["bf16"]
@@ -258,7 +283,8 @@ def _compute_micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficie
     saved = sum(total * (1 + (1 / 3 if symbol in recomputes else 0)) for symbol, total in by_symbol.items())
     saved += layout.residual_bytes * cfg.hidden_size + cfg.hidden_size * linear_saved_input_bytes(layout, "lm_head")
     elementwise_bytes = (ELEMENTWISE_PASSES * tokens * saved / tp
-                         + CAST_BYTES_PER_WEIGHT * _local_linear_weights(cfg, layout))
+                         + CAST_BYTES_PER_WEIGHT * _local_linear_weights(cfg, layout)
+                         + _joined_pieces_bytes(cfg, layout))
     parts["elementwise"] = elementwise_bytes / (bandwidth * eff.memory)
     parts["loss"] = tokens / tp * cfg.vocab_size * LOSS_BYTES_PER_LOGIT / (bandwidth * eff.memory)
     return parts
