@@ -81,7 +81,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 from models.norms import local_tensor
 from models.quant.format_registry import FORMAT_SPECS, GEMMS
-from models.quant.quantized_linear import TP_AMAX_OPERANDS, QuantizedLinear
+from models.quant.quantized_linear import QuantizedLinear
 
 LINEAR_ROLES = {
     "M": {"in_proj": "column", "out_proj": "row"},
@@ -277,11 +277,12 @@ def _check_whole_blocks(name: str, layer: QuantizedLinear, role: str, tp: int) -
             "choose another parallel.tp")
 
 
-def _amax_reductions(layer: nn.Module, role: str) -> Dict[str, int]:
-    """How many amax all-reduces the layer runs per forward and per backward (its quantized operands
-    that the role shards and whose format has a per-tensor scale)."""
+def _amax_reductions(layer: nn.Module) -> Dict[str, int]:
+    """How many amax all-reduces the layer runs per forward and per backward: one per quantized operand its
+    ``amax_reduction`` names whose format has a per-tensor scale, or, in a layer that reduces a phase's amaxes
+    together (``merges_phase_amaxes``: the torch NVFP4 layer), one per phase that has any."""
     counts = {"forward": 0, "backward": 0}
-    if not isinstance(layer, QuantizedLinear):
+    if not isinstance(layer, QuantizedLinear) or layer.amax_reduction is None:
         return counts
     spec = layer.spec
     for gemm in GEMMS:
@@ -291,8 +292,10 @@ def _amax_reductions(layer: nn.Module, role: str) -> Dict[str, int]:
         for operand_spec, operand in zip((gemm_spec.a, gemm_spec.b), _OPERANDS[gemm]):
             if operand == "Dgrad W^T" and spec.reuses_forward_weight:
                 continue  # Fprop's quantized W, saved
-            if operand in TP_AMAX_OPERANDS[role] and FORMAT_SPECS[operand_spec.fmt].amax_pass:
+            if layer.amax_reduction.applies(operand, operand_spec.fmt):
                 counts["forward" if gemm == "fprop" else "backward"] += 1
+    if getattr(layer, "merges_phase_amaxes", False):
+        counts = {phase: min(n, 1) for phase, n in counts.items()}
     return counts
 
 
@@ -339,8 +342,6 @@ def _prepare_linear(parent: nn.Module, child: str, role: str, tp_mesh, counts: d
     layer = getattr(parent, child)
     if isinstance(layer, QuantizedLinear):
         layer.set_tensor_parallel(role, tp_mesh.get_group(), tp_mesh.get_local_rank())
-        for phase, n in _amax_reductions(layer, role).items():
-            counts["collectives_per_micro_batch"][phase]["amax_all_reduce"] += n
     else:
         layer.__class__ = LocalLinear  # same object, parameters and hooks; computes on the local weight
     _distribute(layer, "weight", _PLACEMENTS[role], tp_mesh)
@@ -426,8 +427,6 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
         else:  # the mixer's one column-parallel linear gathers its input, quantized
             gatherer.gather_input(group)
             counts["quantized_input_gathers"] += 1
-            counts["collectives_per_micro_batch"]["forward"]["amax_all_reduce"] += gatherer.spec.fprop is not None
-            counts["collectives_per_micro_batch"]["backward"]["amax_all_reduce"] += gatherer.spec.wgrad is not None
             counts["collectives_per_micro_batch"]["backward"]["all_gather"] += 1  # X^T's codes (or X) for Wgrad
         scatterer = quantized_output_scatterer(block)
         if scatterer is None:
@@ -438,7 +437,6 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
             counts["quantized_output_scatters"] += 1
             counts["reduce_scatters_per_sequence"] += 1
             counts["collectives_per_micro_batch"]["forward"]["reduce_scatter"] -= 1
-            counts["collectives_per_micro_batch"]["backward"]["amax_all_reduce"] += 2
             counts["collectives_per_micro_batch"]["backward"]["all_gather"] += 1
         counts["sequence_parallel_mixers"] += 1
         for phase in ("forward", "backward"):
@@ -452,6 +450,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh) -> dict:
     counts["collectives_per_micro_batch"]["forward"]["reduce_scatter"] += 1
     counts["collectives_per_micro_batch"]["backward"]["all_gather"] += 1
 
+    for parent, child, _, _ in linears:  # their amax operands final (gatherers and scatterers add theirs)
+        for phase, n in _amax_reductions(getattr(parent, child)).items():
+            counts["collectives_per_micro_batch"][phase]["amax_all_reduce"] += n
     replicated = [name for _, _, name, placement in others if isinstance(placement, Replicate)]
     model.tensor_parallel = TensorParallelState(tp_mesh, replicated)
     model.mark_no_weight_decay()  # the Parameters were replaced

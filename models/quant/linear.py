@@ -124,13 +124,43 @@ def _shared_scales(tensor: torch.Tensor, rows_spec: Optional[OperandSpec],
 
 
 def group_kernel_scales(family, tensor: torch.Tensor, spec: OperandSpec, transpose: bool,
-                  amax: AmaxReduction) -> Optional[torch.Tensor]:
+                        amax: AmaxReduction, reduced: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """The kernels' ``scales`` for an operand whose per-tensor amax is the tensor-parallel group's
-    (``family.group_scales``), or None where the family takes none: the torch reference then quantizes it."""
-    group_scales = getattr(family, "group_scales", None)
-    if group_scales is None:
+    (``family.group_scales``), or None where the family takes none: the torch reference then quantizes it.
+    ``reduced``: the group's amax already reduced (``family.scales_from_amax``: no amax pass here)."""
+    if getattr(family, "group_scales", None) is None:
         return None
-    return group_scales(tensor, spec, transpose, functools.partial(all_reduce_amax, group=amax.group))
+    if reduced is not None:  # a family without the two steps: the torch reference (phase_amaxes took its amax)
+        scales_from_amax = getattr(family, "scales_from_amax", None)
+        return None if scales_from_amax is None else scales_from_amax(reduced, spec, transpose)
+    return family.group_scales(tensor, spec, transpose, functools.partial(all_reduce_amax, group=amax.group))
+
+
+def phase_amaxes(operands, amax: Optional[AmaxReduction]) -> dict:
+    """The group's amax of each operand of one phase that takes it (``amax.applies``), from one all-reduce of
+    their local amaxes stacked, in place of one all-reduce each: name -> fp32 [1], for ``quantize_operand``'s
+    ``reduced``. ``operands``: (name, tensor, spec, transpose), spec None for a GEMM in high precision. Each
+    local amax is the one its quantizer would reduce: the kernels' pass (``family.local_amax``: of the RHT'd
+    values for Wgrad's columns) where they take the group's scales, else the torch reference's, of the values
+    after the RHT."""
+    if amax is None:
+        return {}
+    names, local = [], []
+    for name, tensor, spec, transpose in operands:
+        if spec is None or not amax.applies(name, spec.fmt):
+            continue
+        family = kernel_for(tensor, spec, transpose)
+        value = family.local_amax(tensor, spec, transpose) if hasattr(family, "local_amax") else None
+        if value is None:
+            matrix = tensor.t() if transpose else tensor
+            value = torch.linalg.vector_norm(rht(matrix, name=name) if spec.rht else matrix, float("inf"),
+                                             dtype=torch.float32)
+        names.append(name)
+        local.append(value.reshape(1).float())
+    if not names:
+        return {}
+    reduced = all_reduce_amax(torch.cat(local), amax.group)
+    return {name: reduced[index:index + 1] for index, name in enumerate(names)}
 
 
 def _scaled_values_exact(spec: OperandSpec, compute_dtype: torch.dtype) -> bool:

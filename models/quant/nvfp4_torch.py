@@ -66,8 +66,10 @@ their FP4 / FP8 dtypes inside the op only.
 
 Tensor parallelism (``QuantizedLinear.set_tensor_parallel``): the GEMMs take the weight's local shard; an
 operand the layer's ``amax_reduction`` names takes the group's amax, as in the emulated layer (the kernels' own
-amax pass over the shard reduced over the group, ``kernels.nvfp4.group_scales``; the torch reference where the
-kernels do not run), so a sharded layer's codes are the unsharded layer's. Under sequence parallelism the
+amax pass over the shard, ``kernels.nvfp4.local_amax``; the torch reference where the kernels do not run), so a
+sharded layer's codes are the unsharded layer's. Where the emulated layer all-reduces each operand's amax
+alone, this one stacks a phase's (Fprop's X and W; the backward's dY, W^T, dY^T, X^T) into one all-reduce
+(``linear.phase_amaxes``): the same values, fewer calls. Under sequence parallelism the
 layer also moves operands along the sequence quantized (the section "Quantize, then gather"): a column-parallel
 layer given ``gather_input`` takes the rank's tokens and gathers X's codes (forward) and X^T's (backward),
 reduce-scattering dX; a row-parallel one given ``scatter_output`` runs Fprop and the output's reduce-scatter a
@@ -93,7 +95,7 @@ from models.quant.element_formats import GEMMS
 from models.quant.format_registry import NVFP4_TORCH
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec, nvfp4_linear_spec
 from models.quant.linear import (RoundingRng, amax_reduced, group_kernel_scales, kernel_for, operand_generator,
-                                 operand_seed)
+                                 operand_seed, phase_amaxes)
 from models.quant.quantized_linear import (GATHERED_INPUT_OPERANDS, SCATTERED_OUTPUT_OPERANDS, TP_AMAX_OPERANDS,
                                            AmaxReduction, NativeQuantizedLinear, group_amax, high_precision_gemm,
                                            with_amax_rows)
@@ -215,17 +217,17 @@ def kernel_codes(module, tensor: torch.Tensor, spec: OperandSpec, *, transpose: 
 
 
 def reference_codes(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool, generator=None, name: str,
-                    amax_group=None) -> Nvfp4Codes:
+                    amax_group=None, reduced: Optional[torch.Tensor] = None) -> Nvfp4Codes:
     """The operand quantized by the torch reference (``formats.quantize``) as QuantLinear's torch path does:
     a transposed operand as a view, the RHT first, Four Over Six's square tiles chosen on the tensor and then
-    transposed, and with ``amax_group`` the group's amax (``with_amax_rows``)."""
+    transposed, and with ``amax_group`` the group's amax (``with_amax_rows``; ``reduced``: already reduced)."""
     tile_then_transpose = transpose and spec.four_over_six is not None and spec.transpose_invariant
     matrix = tensor.t() if transpose and not tile_then_transpose else tensor
     if spec.rht:
         matrix = rht(matrix, name=name)
     rows = matrix.shape[0]
     if amax_group is not None:  # the group's amax (of the transformed values, as the format takes it)
-        matrix = with_amax_rows(matrix, group_amax(matrix, amax_group), spec.tile[0])
+        matrix = with_amax_rows(matrix, group_amax(matrix, amax_group) if reduced is None else reduced, spec.tile[0])
     quantized = formats.quantize(matrix, spec.fmt, tile=spec.tile, rounding=spec.rounding, generator=generator,
                                  name=name, four_over_six=spec.four_over_six)
     tile_rows = spec.tile[0]
@@ -237,19 +239,22 @@ def reference_codes(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool,
 
 def quantize_operand(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool, rng: RoundingRng = None,
                      name: str, scales: Optional[torch.Tensor] = None,
-                     amax: Optional[AmaxReduction] = None, with_transpose: bool = False) -> Nvfp4Codes:
+                     amax: Optional[AmaxReduction] = None, with_transpose: bool = False,
+                     reduced: Optional[Dict[str, torch.Tensor]] = None) -> Nvfp4Codes:
     """``tensor.t() if transpose else tensor`` quantized as ``linear._quantize_operand`` quantizes it.
 
     ``name`` ('Fprop X', ...) labels errors and offsets the seed; ``rng``: the layer's generator or seed
     tensor; ``scales``: ``shared_scales`` of the tensor; ``amax``: the tensor-parallel amax reduction;
-    ``with_transpose``: ``.t()`` of the result will be wanted too (``kernel_codes``).
+    ``with_transpose``: ``.t()`` of the result will be wanted too (``kernel_codes``); ``reduced``: the phase's
+    amaxes already reduced (``linear.phase_amaxes``), this operand's taken by name.
     """
     seeded = spec.rounding == "stochastic" and isinstance(rng, torch.Tensor)
     generator = rng if isinstance(rng, torch.Generator) else None
     reduce_amax = amax is not None and amax.applies(name, spec.fmt)
+    given = (reduced or {}).get(name)
     module = kernel_for(tensor, spec, transpose)
     if reduce_amax and module is not None:  # the kernels' own amax pass, reduced over the group
-        scales = group_kernel_scales(module, tensor, spec, transpose, amax)
+        scales = group_kernel_scales(module, tensor, spec, transpose, amax, given)
         module = module if scales is not None else None
     if module is not None:
         return kernel_codes(module, tensor, spec, transpose=transpose, seed=operand_seed(rng, name) if seeded else None,
@@ -257,7 +262,7 @@ def quantize_operand(tensor: torch.Tensor, spec: OperandSpec, *, transpose: bool
     if seeded:
         generator = operand_generator(rng, name)
     return reference_codes(tensor, spec, transpose=transpose, generator=generator, name=name,
-                           amax_group=amax.group if reduce_amax else None)
+                           amax_group=amax.group if reduce_amax else None, reduced=given)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -388,14 +393,18 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         elif spec.fprop is None:
             out = high_precision_gemm(x2 if gather is None else gather_along_sequence(x, gather), weight, compute_dtype)
         else:
+            # Under tp, X's and W's amaxes from one all-reduce (those the group's amax applies to).
+            reduced = phase_amaxes((("Fprop X", x2, spec.fprop.a, False), ("Fprop W", weight, spec.fprop.b, False)),
+                                   amax)
             if gather is None:
                 x_codes = quantize_operand(x2, spec.fprop.a, transpose=False, rng=rng, name="Fprop X",
-                                           scales=x_scales, amax=amax)
+                                           scales=x_scales, amax=amax, reduced=reduced)
             else:
-                x_codes = gathered_rows_operand(x2, spec.fprop.a, batch, gather, rng=rng, name="Fprop X", amax=amax)
+                x_codes = gathered_rows_operand(x2, spec.fprop.a, batch, gather, rng=rng, name="Fprop X", amax=amax,
+                                                reduced=reduced)
             reuse_w = dgrad is not None and spec.reuses_forward_weight  # Dgrad's W^T: these 16x16 codes transposed
             w_codes = quantize_operand(weight, spec.fprop.b, transpose=False, rng=rng, name="Fprop W", amax=amax,
-                                       with_transpose=reuse_w)
+                                       with_transpose=reuse_w, reduced=reduced)
             w_op = w_codes.operand()
             if scatter is None:
                 out = nvfp4_gemm(x_codes.operand(), w_op, compute_dtype)
@@ -434,10 +443,16 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         dy = grad_output.reshape(-1, grad_output.shape[-1])  # [T, N] (scatter: the rank's B t tokens)
         grad_x = grad_weight = None
         dy_op = pending_dy_t = None
+        # Under tp, the backward's amaxes from one all-reduce (dY, W^T quantized again, dY^T, X^T: those the
+        # group's amax applies to).
+        reduced = phase_amaxes((("Dgrad dY", dy, dgrad.a if dgrad is not None else None, False),
+                                ("Dgrad W^T", weight, dgrad.b if dgrad is not None and w_t_data is None else None, True),
+                                ("Wgrad dY^T", dy, wgrad.a if wgrad is not None else None, True),
+                                ("Wgrad X^T", x2, wgrad.b if wgrad is not None else None, True)), amax)
         if ctx.scatter is not None:
             if dgrad is not None and wgrad is not None:  # both quantized here, gathered as codes
                 dy_op, pending_dy_t = gathered_gradient_operands(dy, dgrad.a, wgrad.a, ctx.batch, ctx.scatter,
-                                                                 rng=rng, amax=amax)
+                                                                 rng=rng, amax=amax, reduced=reduced)
             else:  # a GEMM in high precision takes the whole dY: gathered as it is
                 dy = gather_along_sequence(grad_output, ctx.scatter)
         # The backward may run under the caller's autocast (torch.compile traces it under the forward's): the
@@ -451,19 +466,19 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
         pending_x_t = pending_grad_x = None
         if gather is not None and wgrad is not None:
             pending_x_t = launch_gathered_columns_operand(x2, wgrad.b, ctx.batch, gather, rng=rng, name="Wgrad X^T",
-                                                          amax=amax)
+                                                          amax=amax, reduced=reduced)
         if needs_dgrad:
             if dgrad is None:
                 grad_x = high_precision_gemm(dy, weight.t(), compute_dtype)
             else:
                 if dy_op is None:
                     dy_op = quantize_operand(dy, dgrad.a, transpose=False, rng=rng, name="Dgrad dY", scales=dy_scales,
-                                             amax=amax).operand()
+                                             amax=amax, reduced=reduced).operand()
                 if w_t_data is not None:
                     w_t_op = Nvfp4Operand(w_t_data, w_t_scale, w_t_decode, dy.shape[1])
                 else:  # W^T [K, N] quantized along N from the high-precision W
                     w_t_op = quantize_operand(weight, dgrad.b, transpose=True, rng=rng, name="Dgrad W^T",
-                                              amax=amax).operand()
+                                              amax=amax, reduced=reduced).operand()
                 grad_x = nvfp4_gemm(dy_op, w_t_op, compute_dtype)
             grad_x = grad_x.to(ctx.x_dtype)
             if gather is not None:  # [B T, K] partial sums of every token -> the rank's [B, t, K] of their sum
@@ -479,10 +494,10 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
                     dy_t_op = pending_dy_t()
                 else:
                     dy_t_op = quantize_operand(dy, wgrad.a, transpose=True, rng=rng, name="Wgrad dY^T",
-                                               scales=dy_scales, amax=amax).operand()
+                                               scales=dy_scales, amax=amax, reduced=reduced).operand()
                 if pending_x_t is None:
                     x_t_op = quantize_operand(x2, wgrad.b, transpose=True, rng=rng, name="Wgrad X^T", scales=x_scales,
-                                              amax=amax).operand()
+                                              amax=amax, reduced=reduced).operand()
                 else:
                     x_t_op = pending_x_t()
                 grad_weight = nvfp4_gemm(dy_t_op, x_t_op, compute_dtype)
@@ -500,6 +515,9 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
     Stochastic rounding draws as ``QuantLinear`` draws (``rounding_rng``).
     """
 
+    merges_phase_amaxes = True
+    """Under tp, a phase's amaxes (Fprop's X and W; the backward's dY, W^T, dY^T, X^T) take one all-reduce
+    (``linear.phase_amaxes``)."""
     sequence_group = None
     """The tp group when the layer gathers its sequence-parallel input itself, quantized (``gather_input``)."""
     scatter_group = None

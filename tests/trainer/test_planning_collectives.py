@@ -191,14 +191,24 @@ def test_amax_reductions_of_quantized_tp_linears():
     each shard holds whole 16-blocks) at tp 2: column-parallel W, dY, dY^T and row-parallel W, X, X^T per
     micro-batch (emulated); recomputing blocks repeat their Fprop ones. The torch NVFP4 layer (B200's) adds X
     and X^T where a column-parallel linear gathers its input quantized, dY and dY^T where a row-parallel one
-    gathers its output's gradient."""
+    gathers its output's gradient, and reduces each phase's amaxes in one all-reduce of 4 bytes an amax."""
     base = TINY + ["precision=nvfp4", "precision.bf16_layers_at_start=0", "precision.bf16_layers_at_end=0",
                    "model.mamba_num_heads=32", "model.mamba_head_dim=4", "train.global_batch_size=2"]
 
-    def amaxes(*extra):
+    def calls(*extra) -> Counter:
+        """Amax all-reduces a step: bytes -> calls."""
         cfg = compose(base + list(extra))
         layout = resolve_layout(cfg, GPUS["B200"], 2)
-        return next(c.calls_per_step for c in step_collectives(cfg.model, layout) if c.purpose.startswith("amax"))
+        out = Counter()
+        for c in step_collectives(cfg.model, layout):
+            if c.purpose.startswith("amax"):
+                out[c.bytes_per_call] += c.calls_per_step
+        return out
+
+    def amaxes(*extra) -> int:
+        counted = calls(*extra)
+        assert set(counted) == {4}, counted  # one amax a call
+        return counted[4]
 
     pattern = compose(base).model.pattern
     linears = sum(2 if s in "M-" else 4 for s in pattern)  # M: in/out; -: up/down; *: q, k, v / o
@@ -209,9 +219,15 @@ def test_amax_reductions_of_quantized_tp_linears():
     recompute = (linears - rows) + 2 * rows  # column: W again; row: W and X again
     assert amaxes(*emulated, "parallel.activation_checkpoint=full") == 2 * (per_micro_batch + recompute)
     gathers = sum(symbol in "M-" for symbol in pattern)  # Mamba's in_proj, the MLP's up_proj
-    native = per_micro_batch + 2 * gathers + 2 * rows
-    assert amaxes("parallel.tp=2", "parallel.activation_checkpoint=none") == 2 * native
-    assert amaxes("parallel.tp=2", "parallel.activation_checkpoint=full") == 2 * (native + recompute + gathers)
+    alone = linears - rows - gathers  # attention's q, k, v: W forward; dY, dY^T backward
+    # Forward: q/k/v W (4 bytes); a gatherer's or row linear's X and W (8). Backward: q/k/v dY, dY^T (8);
+    # a gatherer's dY, dY^T, X^T and a row linear's X^T, dY, dY^T (12). Two micro-batches a step.
+    native = Counter({4: alone, 8: gathers + rows + alone, 12: gathers + rows})
+    assert calls("parallel.tp=2", "parallel.activation_checkpoint=none") == Counter(
+        {size: 2 * n for size, n in native.items()})
+    recomputed = native + Counter({4: alone, 8: gathers + rows})  # every Fprop again
+    assert calls("parallel.tp=2", "parallel.activation_checkpoint=full") == Counter(
+        {size: 2 * n for size, n in recomputed.items()})
 
 
 def test_a_call_takes_its_links_time_and_latency():

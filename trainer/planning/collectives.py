@@ -58,7 +58,9 @@ h hidden), per block and micro-batch, not overlapped with compute (but for the f
                                      scale (NVFP4, per-tensor FP8): column-parallel W (Fprop), dY (Dgrad),
                                      dY^T (Wgrad); row-parallel and gathering ones W and X (Fprop), X^T
                                      (Wgrad); a recomputing block repeats its Fprop ones; a quantized LM
-                                     head, column-parallel over the vocabulary, as a column-parallel linear
+                                     head, column-parallel over the vocabulary, as a column-parallel linear.
+                                     The torch NVFP4 layer reduces a phase's amaxes (Fprop's; Dgrad's and
+                                     Wgrad's) in one all-reduce of 4 bytes each (models.quant.linear.phase_amaxes)
     all_reduce over tp      4 x n    once a step, the gradients of every parameter replicated over TP
                                      (block norms, final norm) in one flat FP32
                                      buffer of their FSDP-sharded local tensors (n = sum of padded / S;
@@ -85,6 +87,7 @@ tp; tp innermost): a dp_shard group spans S x T consecutive ranks, a dp_replicat
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
@@ -187,9 +190,9 @@ def _has_tensor_scale(fmt: str) -> bool:
     return fmt != "bf16" and FORMAT_COSTS[fmt].amax_pass
 
 
-def _linear_amaxes(layout: RunLayout, name: str, column: bool, recomputes: bool, gathers: bool = False) -> int:
-    """Per micro-batch: amax all-reduces of one TP linear (module docstring); ``gathers``: it gathers a
-    quantized operand along the sequence (a column-parallel one X, a row-parallel one dY)."""
+def _linear_amaxes(layout: RunLayout, name: str, column: bool, recomputes: bool, gathers: bool = False) -> Counter:
+    """Per micro-batch: amax all-reduces of one TP linear (module docstring), bytes -> calls; ``gathers``: it
+    gathers a quantized operand along the sequence (a column-parallel one X, a row-parallel one dY)."""
     formats = layout.gemm_formats.get(name, {})
     fprop, dgrad, wgrad = (_has_tensor_scale(formats.get(kind, "bf16")) for kind in ("fprop", "dgrad", "wgrad"))
     forward = fprop * (1 if column and not gathers else 2)  # column: W; row, or gathering its input: W and X
@@ -198,15 +201,18 @@ def _linear_amaxes(layout: RunLayout, name: str, column: bool, recomputes: bool,
     else:
         backward = wgrad + (dgrad + wgrad if gathers else 0)  # X^T; + dY and dY^T where it gathers dY
     backward += dgrad * (not layout.weight_reused)  # Dgrad's W^T quantized again (1D weight blocks)
-    return forward * (2 if recomputes else 1) + backward
+    forwards = 2 if recomputes else 1
+    if layout.gathers_quantized_input:  # the torch NVFP4 layer: one all-reduce of a phase's amaxes, stacked
+        return Counter({4 * forward: forwards * (forward > 0)}) + Counter({4 * backward: int(backward > 0)})
+    return Counter({4: forward * forwards + backward})
 
 
 _AMAX_CACHE: dict = {}
 
 
-def amaxes_per_micro_batch(model: ModelConfig, layout: RunLayout) -> int:
-    """Amax all-reduces of one micro-batch over the TP group (module docstring)."""
-    amaxes = 0
+def amaxes_per_micro_batch(model: ModelConfig, layout: RunLayout) -> Counter:
+    """Amax all-reduces of one micro-batch over the TP group (module docstring), bytes -> calls."""
+    amaxes = Counter()
     gathering = quantized_input_gathers(model, layout) | quantized_output_scatters(model, layout)
     for index, symbol in enumerate(model.pattern):
         for module, _, _, _ in block_linears(model, symbol):
@@ -268,8 +274,8 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
         out.append(Collective(ALL_GATHER, TP, T, activation, A * (len(gathering) - wgrad_quantized), compute,
                               "sequence-parallel input of a column-parallel NVFP4 linear for its BF16 Wgrad"))
     amaxes = memoized(_AMAX_CACHE, model, layout, lambda: amaxes_per_micro_batch(model, layout), micro_batch=False)
-    if amaxes:
-        out.append(Collective(ALL_REDUCE, TP, T, 4, A * amaxes, "float32",
+    for size, calls in sorted(amaxes.items()):
+        out.append(Collective(ALL_REDUCE, TP, T, size, A * calls, "float32",
                               "amax of quantized TP operands (NVFP4/FP8 tensor scales)", scalar=True))
     replicated = sum(padded for unit in unit_sizes(model, T, layout.shard) for _, padded in unit.replicated_padded)
     out.append(Collective(ALL_REDUCE, TP, T, 4 * replicated // layout.shard, 1, "float32",

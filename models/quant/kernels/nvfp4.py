@@ -546,13 +546,26 @@ def group_scales(tensor: torch.Tensor, spec, transpose: bool,
     the group's by ``reduce_amax`` (fp32 [1] -> the max over the group, ``quantized_linear.all_reduce_amax``),
     so the shard quantizes as its slice of the whole tensor does. None where the kernels take no given scales
     (columns without the RHT): the torch reference then. The operand must be one ``operand_supported`` takes."""
-    four_over_six = spec.four_over_six is not None
+    local = local_amax(tensor, spec, transpose)
+    return None if local is None else scales_from_amax(reduce_amax(local), spec, transpose)
+
+
+def local_amax(tensor: torch.Tensor, spec, transpose: bool) -> Optional[torch.Tensor]:
+    """This shard's amax (fp32 [1]) as ``group_scales`` takes it, from the kernels' own pass: of the RHT'd
+    values for Wgrad's columns; None where the kernels take no given scales (columns without the RHT)."""
     if transpose and spec.tile == (1, 16):
         if not spec.rht:
             return None
-        local = rht_global_scales(tensor, four_over_six=four_over_six, fmt=spec.fmt)[3:4]
-        return global_scales_from_amax(reduce_amax(local), four_over_six=four_over_six, fmt=spec.fmt)
-    amax = reduce_amax(tensor_amax(tensor.contiguous()))  # rows, or a 16x16 tiling of the tensor itself
+        return rht_global_scales(tensor, four_over_six=spec.four_over_six is not None, fmt=spec.fmt)[3:4]
+    return tensor_amax(tensor.contiguous())  # rows, or a 16x16 tiling of the tensor itself
+
+
+def scales_from_amax(amax: torch.Tensor, spec, transpose: bool) -> Optional[torch.Tensor]:
+    """``group_scales``' result from the group's amax (fp32 [1], already reduced); None where ``local_amax`` is."""
+    if transpose and spec.tile == (1, 16):
+        if not spec.rht:
+            return None
+        return global_scales_from_amax(amax, four_over_six=spec.four_over_six is not None, fmt=spec.fmt)
     return torch.cat([amax.new_zeros(2), amax, amax])  # quantize_operand passes element 2 on as the amax
 
 

@@ -151,8 +151,13 @@ def check_tensor_parallel_shards_quantize_as_the_whole() -> None:
         transformed = (rht(x.t()) if rht_on else x).float()  # the RHT in x's dtype, as the kernels round it
         same_bits(group, transformed.abs().amax().reshape(1), f"{what}: the group's amax")
         offset = 0
-        for shard in shards:
+        for shard, shard_amax in zip(shards, local):
             scales = nvfp4.group_scales(shard.contiguous(), spec, transpose, lambda amax: group)
+            # the same in two steps, as linear.phase_amaxes takes them: the local amax, the scales from the group's
+            same_bits(nvfp4.local_amax(shard.contiguous(), spec, transpose), shard_amax, f"{what}: local amax")
+            defined = [0, 1, 3] if transpose and tile == (1, 16) else slice(None)  # [S_enc, S_dec, unset, amax]
+            same_bits(nvfp4.scales_from_amax(group, spec, transpose)[defined], scales[defined],
+                      f"{what}: scales from the amax")
             values, decode = nvfp4.quantize_operand(shard.contiguous(), scales=scales, **quantize)
             # the operand is x (or x^T): a split of x along dim is a split of the operand along dim (1 - dim)
             along = dim if not transpose else 1 - dim
@@ -169,7 +174,9 @@ def check_tensor_parallel_shards_quantize_as_the_whole() -> None:
         assert group.isinf().all(), what
         scales = nvfp4.group_scales(shards[1].contiguous(), spec, transpose, lambda amax: group)
         assert nvfp4.quantize_operand(shards[1].contiguous(), scales=scales, **quantize)[1].isnan().all(), what
-    assert nvfp4.group_scales(x, OperandSpec("nvfp4", (1, 16)), True, lambda amax: amax) is None  # no RHT: torch
+    columns = OperandSpec("nvfp4", (1, 16))  # columns without the RHT: the torch reference takes them
+    assert nvfp4.group_scales(x, columns, True, lambda amax: amax) is None
+    assert nvfp4.local_amax(x, columns, True) is None and nvfp4.scales_from_amax(x.new_ones(1), columns, True) is None
 
 
 def check_nvfp4_ties() -> None:
