@@ -34,7 +34,8 @@ over the tp group and autograd-aware (torch's functional collectives), per block
     mixer output   reduce-scatter along the sequence, summing the row-parallel partial outputs
                    [B, T, h] -> [B, T/tp, h]                                  (backward: all-gather)
     quantized      an all-reduce (MAX) of one fp32 amax per sharded operand with a per-tensor scale
-    linears        (NVFP4, FP8 per tensor; ``models.quant.quantized_linear.TP_AMAX_OPERANDS``)
+    linears        (NVFP4, FP8 per tensor; ``models.quant.quantized_linear.TP_AMAX_OPERANDS``); the native
+                   NVFP4 layer stacks a phase's into one all-reduce (``merges_phase_amaxes``)
 
 (forward hooks on each mixer: ``gather_sequence`` / ``reduce_scatter_sequence``; where the native NVFP4 layer
 runs, the mixer's linears move these operands themselves, quantized: ``quantized_input_gatherer`` /

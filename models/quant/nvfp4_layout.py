@@ -135,10 +135,11 @@ class Nvfp4Codes:
         return unpack_codes(self.data)[:, : self.reduction]
 
     def row_slice(self, start: int, count: int) -> "Nvfp4Codes":
-        """Rows [start, start + count) (views): 1x16 blocks only, whose rows quantize independently."""
-        if self.tile_rows != 1:
-            raise ValueError("row_slice takes 1x16 blocks; a 16x16 tile spans 16 rows")
-        return Nvfp4Codes(self.data[start:start + count], self.scales[start:start + count], self.decode)
+        """Rows [start, start + count) (views of codes and scales), whole tiles: a 16x16 tile spans 16 rows."""
+        if start % self.tile_rows or count % self.tile_rows:
+            raise ValueError(f"row_slice [{start}, {start + count}) cuts a {self.tile_rows}-row tile")
+        tiles = slice(start // self.tile_rows, (start + count) // self.tile_rows)
+        return Nvfp4Codes(self.data[start:start + count], self.scales[tiles], self.decode, self.tile_rows)
 
     def t(self) -> "Nvfp4Codes":
         """The transposed operand: a 16x16 tile is a tile of the transpose, with the same scale."""

@@ -543,6 +543,10 @@ class TorchNvfp4Linear(NativeQuantizedLinear):
         self._add_group_amax("row", SCATTERED_OUTPUT_OPERANDS, "scatters its output")
         self.scatter_group = group
 
+    @property
+    def moves_sequence(self) -> bool:
+        return self.sequence_group is not None or self.scatter_group is not None
+
     def _add_group_amax(self, role: str, operands: frozenset, what: str) -> None:
         """``operands`` take the group's amax as well: only once, on a layer set_tensor_parallel made ``role``."""
         reduction = self.amax_reduction

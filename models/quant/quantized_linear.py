@@ -282,6 +282,13 @@ class QuantizedLinear(nn.Linear):
         tokens = x.numel() // in_features
         check_linear_shapes(self.gemms_to_check(x), tokens, in_features, out_features, self.name)
 
+    @property
+    def moves_sequence(self) -> bool:
+        """Whether the layer gathers its input or scatters its output along the sequence itself (tensor
+        parallelism): then ``quantized_matmul`` runs even when no GEMM is quantized (a late switch to BF16),
+        since a plain F.linear would skip those collectives."""
+        return False
+
     def quantized_matmul(self, x: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
         """x [..., K] times W^T with the spec's quantized GEMMs -> [..., N] in the compute dtype (the backend)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement quantized_matmul")
@@ -289,7 +296,7 @@ class QuantizedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Under tensor parallelism the weight (and bias) are DTensors: the GEMMs take the local shard.
         bias = local_tensor(self.bias) if self.bias is not None else None
-        if not self.spec.quantized:
+        if not self.spec.quantized and not self.moves_sequence:
             return F.linear(x, local_tensor(self.weight), bias)
         self.check_input(x)
         compute_dtype = self.compute_dtype(x)

@@ -1,4 +1,4 @@
-"""Operands moved along the sequence under sequence parallelism: one all-gather for a rank's rows and columns.
+"""Operands moved along the sequence under sequence parallelism: gathers of a rank's rows or columns, scatters.
 
 Each tp rank holds t = T / tp tokens of every sequence: x [B, t, K]. A column-parallel layer needs X of all B T
 tokens, a row-parallel one dY of all of them (its output's gradient). Gathering them in BF16 moves 2 bytes an
@@ -77,13 +77,14 @@ def reduce_scatter_along_sequence(partial: torch.Tensor, batch: int, group):
 def gemm_reduce_scatter(gemm_rows, rows: int, batch: int, group) -> torch.Tensor:
     """A row-parallel GEMM's partial sums of B T tokens ([rows, N], rows = B T, sequence by sequence) reduce-scattered
     to the rank's [B, t, N], a sequence at a time: ``gemm_rows(start, count)`` computes rows [start, start +
-    count), and each sequence's reduce-scatter moves while the next one's GEMM runs. Every output row is the
-    whole GEMM's, and each token's sum is the one a reduce-scatter of the whole would form."""
+    count), and each sequence's reduce-scatter (along its rows: no copy before it) moves while the next one's
+    GEMM runs. The same rows and sums as one GEMM and one reduce-scatter of the whole (on gloo bit for bit; a
+    GPU's GEMM and NCCL may choose other kernels and summation orders for the smaller pieces)."""
     length = rows // batch
-    pending = [reduce_scatter_along_sequence(gemm_rows(s * length, length), 1, group) for s in range(batch)]
-    if batch == 1:
-        return funcol.wait_tensor(pending[0])
-    return torch.cat([funcol.wait_tensor(piece) for piece in pending])  # [1, t, N] each
+    pending = [_reduce_scatter(gemm_rows(s * length, length), "sum", scatter_dim=0, group=group)
+               for s in range(batch)]
+    pieces = [funcol.wait_tensor(piece) for piece in pending]  # [t, N] each
+    return (pieces[0] if batch == 1 else torch.cat(pieces)).reshape(batch, -1, pieces[0].shape[-1])
 
 
 def check_gathered_share(x: torch.Tensor, name: str, ranks: int) -> None:

@@ -114,7 +114,8 @@ def _gather_worker(rank: int, world: int) -> None:
     computes, bit for bit, what it computes when every gather moves high-precision values: the gathered codes
     and scales (X forward; X^T, dY and dY^T backward) are those of the gathered tensors. Without the group's
     amax for X the logits move (the control); with the blocks traced by Dynamo they do not (the gradients to
-    summation order)."""
+    summation order). Switched late to BF16, the layers still gather and scatter the sequence themselves and
+    compute what the BF16 gathers around them do."""
     import contextlib
 
     from torch.distributed.tensor.debug import CommDebugMode
@@ -141,7 +142,7 @@ def _gather_worker(rank: int, world: int) -> None:
     original, original_scatterer = tensor_parallel.quantized_input_gatherer, tensor_parallel.quantized_output_scatterer
     traced = []
 
-    def run(gathers: bool, control: bool = False, compiled: bool = False):
+    def run(gathers: bool, control: bool = False, compiled: bool = False, switched: bool = False):
         model = build(cfg, precision)
         assert isinstance(model.layers[0].mixer.in_proj, nvfp4_torch.TorchNvfp4Linear)
         if not gathers:
@@ -151,6 +152,10 @@ def _gather_worker(rank: int, world: int) -> None:
         finally:
             tensor_parallel.quantized_input_gatherer = original
             tensor_parallel.quantized_output_scatterer = original_scatterer
+        if switched:  # the late switch to BF16 of every GEMM: the gatherers and scatterers still move the sequence
+            for module in model.modules():
+                if isinstance(module, nvfp4_torch.TorchNvfp4Linear):
+                    module.set_high_precision()
         if control:  # the gathered X quantized with each rank's own amax
             for block in model.layers:
                 layer = original(block)
@@ -193,6 +198,12 @@ def _gather_worker(rank: int, world: int) -> None:
         assert torch.equal(grad, grads_hp[name]), name
     _, _, logits_control, _ = run(gathers=True, control=True)
     assert not torch.equal(logits_control, logits)
+    _, _, logits_switched, grads_switched = run(gathers=True, switched=True)
+    _, _, logits_switched_hp, grads_switched_hp = run(gathers=False, switched=True)
+    assert not torch.equal(logits_switched, logits)  # BF16 GEMMs now
+    torch.testing.assert_close(logits_switched, logits_switched_hp)
+    for name, grad in grads_switched.items():
+        torch.testing.assert_close(grad, grads_switched_hp[name], msg=name)
     _, _, logits_compiled, grads_compiled = run(gathers=True, compiled=True)
     assert compile_fallbacks() == [] and dict(counters["graph_break"]) == {}
     assert len(traced) >= 3  # one graph per mixer kind at least (blocks of a kind share theirs)

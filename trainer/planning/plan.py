@@ -233,8 +233,8 @@ class RunPlan:
         hidden = self.time.hidden_tensor_parallel
         overlapped = (self.time.communication - parts.get("tensor-parallel communication", 0.0) - hidden
                       - parts.get("scalar collectives", 0.0))
-        tensor_parallel = (f"tensor-parallel collectives are not overlapped but for {format_seconds(hidden)} behind "
-                           "their linears' Dgrad and Wgrad, scalar ones not at all" if hidden > 0 else
+        tensor_parallel = (f"tensor-parallel collectives are not overlapped but for {format_seconds(hidden)} beside "
+                           "their linears' GEMMs, scalar ones not at all" if hidden > 0 else
                            "tensor-parallel and scalar collectives are not overlapped")
         lines = []
         if overlapped > 0:

@@ -130,7 +130,7 @@ class StepTime:
     whole, the FSDP/HSDP traffic not hidden."""
     collectives: Tuple[Collective, ...] = ()
     hidden_tensor_parallel: float = 0.0
-    """TP collectives hidden behind their linears' Dgrad and Wgrad (``hidden_tp_seconds``), per step."""
+    """TP collectives hidden beside their linears' GEMMs (``hidden_tp_seconds``), per step."""
 
     @property
     def total(self) -> float:

@@ -97,6 +97,20 @@ def test_packed_codes_are_the_bytes_of_torchs_float4_e2m1fn_x2(dtype):
     assert torch.equal(operand.codes(), quantized.codes)
 
 
+@pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
+def test_a_row_slice_of_the_codes_is_the_operand_of_those_rows(tile):
+    """A row-parallel layer's Fprop a sequence at a time takes row_slice of X's codes: the operand of rows
+    [16, 48) is those rows of the whole operand (codes, scales, decode scale); a slice across a tile refuses."""
+    quantized = formats.quantize(_fresh(64, 96, torch.bfloat16), "nvfp4", tile=tile)
+    codes = Nvfp4Codes.from_codes(quantized.codes, _bytes(quantized.block_scales), quantized.tensor_scale, tile[0])
+    whole, part = codes.operand(), codes.row_slice(16, 32).operand()
+    assert torch.equal(part.codes(), whole.codes()[16:48])
+    assert torch.equal(part.dequantize(), whole.dequantize()[16:48])
+    if tile[0] > 1:
+        with pytest.raises(ValueError, match="cuts a 16-row tile"):
+            codes.row_slice(8, 16)
+
+
 def test_pack_codes_takes_a_transposed_view_and_writes_row_major():
     codes = torch.randint(0, 16, (64, 48), dtype=torch.uint8)
     packed = pack_codes(codes.t())
