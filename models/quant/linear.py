@@ -65,7 +65,7 @@ from models.quant import formats
 from models.quant.bf16_rounding import round_to_bf16_by_bits
 from models.quant.format_registry import quantize_kernel
 from models.quant.gemm_spec import GemmSpec, LinearSpec, OperandSpec
-from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, all_reduce_amax, group_amax,
+from models.quant.quantized_linear import (AmaxReduction, QuantizedLinear, abs_max, all_reduce_amax, group_amax,
                                            high_precision_gemm, with_amax_rows)
 from models.quant.rht import rht
 
@@ -153,8 +153,7 @@ def phase_amaxes(operands, amax: Optional[AmaxReduction]) -> dict:
         value = family.local_amax(tensor, spec, transpose) if hasattr(family, "local_amax") else None
         if value is None:
             matrix = tensor.t() if transpose else tensor
-            value = torch.linalg.vector_norm(rht(matrix, name=name) if spec.rht else matrix, float("inf"),
-                                             dtype=torch.float32)
+            value = abs_max(rht(matrix, name=name) if spec.rht else matrix)
         names.append(name)
         local.append(value.reshape(1).float())
     if not names:

@@ -120,9 +120,14 @@ class AmaxReduction:
         return name in self.operands and FORMAT_SPECS[fmt].amax_pass
 
 
+def abs_max(tensor: torch.Tensor) -> torch.Tensor:
+    """max |tensor| of this rank's values (fp32 [1]): the torch path's local amax."""
+    return torch.linalg.vector_norm(tensor, float("inf"), dtype=torch.float32).reshape(1)
+
+
 def group_amax(tensor: torch.Tensor, group) -> torch.Tensor:
     """max |tensor| over every rank of ``group`` (fp32 [1]), from this rank's values (the torch path)."""
-    return all_reduce_amax(torch.linalg.vector_norm(tensor, float("inf"), dtype=torch.float32).reshape(1), group)
+    return all_reduce_amax(abs_max(tensor), group)
 
 
 def all_reduce_amax(amax: torch.Tensor, group) -> torch.Tensor:

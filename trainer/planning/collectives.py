@@ -94,7 +94,8 @@ from typing import Dict, List, Tuple
 from models.config import ModelConfig
 from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
-from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers, quantized_output_scatters
+from trainer.planning.layout import (RunLayout, memoized, quantized_input_gathers, quantized_output_scatters,
+                                     recomputes)
 from trainer.planning.parameters import COLUMN_PARALLEL, HEAD, UnitSize, fsdp_units, unit_sizes
 
 ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
@@ -238,7 +239,7 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     # checkpoint stops recomputing at the last tensor backward needs, before the output's reduce-scatter (which
     # saves none). A block whose linear gathers its input quantized gathers only the output's gradient here.
     scattering = quantized_output_scatters(model, layout)
-    recomputing_scatters = sum(model.pattern[int(name.split(".")[1])] in layout.checkpointed for name in scattering)
+    recomputing_scatters = sum(recomputes(model, layout, name) for name in scattering)
     out = [Collective(ALL_GATHER, TP, T, activation, A * (2 * blocks - len(gathering) - len(scattering) + recomputing),
                       compute, "sequence-parallel mixer input"),
            Collective(REDUCE_SCATTER, TP, T, activation, A * (2 * blocks - len(scattering)), compute,
@@ -253,7 +254,7 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     # A gathering linear: X's codes and block scales forward (again when its block recomputes), X^T's for Wgrad
     # in the backward (X itself when Wgrad runs in the compute dtype); its dX reduce-scatter is the one above.
     codes = layout.tokens_per_micro_batch * model.hidden_size * NVFP4_GATHERED_BYTES
-    forward_gathers = sum(1 + (model.pattern[index] in layout.checkpointed) for index in gathering_blocks)
+    forward_gathers = sum(1 + recomputes(model, layout, name) for name in gathering)
     wgrad_quantized = sum(layout.gemm_formats.get(name, {}).get("wgrad", "bf16") != "bf16" for name in gathering)
     if gathering:
         out.append(Collective(ALL_GATHER, TP, T, codes, A * (forward_gathers + wgrad_quantized), "uint8",

@@ -272,6 +272,11 @@ def _sequence_gathers(model: ModelConfig, layout: "RunLayout") -> tuple:
     return memoized(_SEQUENCE_GATHERS_CACHE, model, layout, compute, checkpointing=False, micro_batch=False)
 
 
+def recomputes(model: ModelConfig, layout: "RunLayout", linear: str) -> bool:
+    """Whether the block of ``linear`` ('layers.<i>.mixer.<name>') recomputes its forward in the backward."""
+    return model.pattern[int(linear.split(".")[1])] in layout.checkpointed
+
+
 def quantized_input_gathers(model: ModelConfig, layout: "RunLayout") -> frozenset:
     """The linears that gather their sequence-parallel input quantized (``RunLayout.gathers_quantized_input``):
     a block's column-parallel linear when it is the mixer's only one and its Fprop is quantized."""

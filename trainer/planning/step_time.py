@@ -67,7 +67,8 @@ from models.gemms import ATTENTION_KIND
 from trainer.planning.collectives import (ALL_GATHER, NVFP4_GATHERED_BYTES, REDUCE_SCATTER, TP, Collective, call_seconds,
                                           seconds_by_kind, step_collectives)
 from trainer.planning.gemm_costs import FORMAT_COSTS, OUTPUT_BYTES, gemm_operand_bytes, quantization_bytes
-from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers, quantized_output_scatters
+from trainer.planning.layout import (RunLayout, memoized, quantized_input_gathers, quantized_output_scatters,
+                                     recomputes)
 from trainer.planning.memory import block_activation_bytes, linear_saved_input_bytes
 from trainer.planning.parameters import EMBEDDINGS, HEAD, local_parameters
 from trainer.planning.tensor_parallel import local_training_gemms
@@ -212,7 +213,7 @@ def hidden_tp_seconds(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H20
     hidden = 0.0
     for name, window in windows.items():
         if name in scattering:
-            forwards = 2 if cfg.pattern[int(name.split(".")[1])] in layout.checkpointed else 1
+            forwards = 2 if recomputes(cfg, layout, name) else 1
             hidden += forwards * (pieces - 1) * min(piece, window.get("fprop", 0.0) / pieces)
             hidden += min(codes, window.get("dgrad", 0.0))
             continue
@@ -257,7 +258,7 @@ def _joined_pieces_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
     written once, again in a recomputing block's forward)."""
     if layout.micro_batch == 1:
         return 0.0
-    forwards = sum(2 if cfg.pattern[int(name.split(".")[1])] in layout.checkpointed else 1
+    forwards = sum(2 if recomputes(cfg, layout, name) else 1
                    for name in quantized_output_scatters(cfg, layout))
     return forwards * 2 * layout.compute_bytes * layout.tokens_per_micro_batch / layout.tp * cfg.hidden_size
 
