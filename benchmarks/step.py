@@ -235,7 +235,7 @@ def bench_precision(precision: str, settings: StepBenchmark) -> dict:
     plan = apply_precision(model, cfg.precision, device=device)
     if settings.trainer_rng:
         plan.set_step(0)  # per-layer seed tensors, as trainer.callbacks.PrecisionRuntime writes them
-    autocast_dtype = parallelize(model, cfg.parallel, env)["autocast_dtype"]
+    autocast_dtype = parallelize(model, cfg.parallel, env, cfg.data.seq_len)["autocast_dtype"]
     autocast = (torch.autocast("cuda", dtype=autocast_dtype) if autocast_dtype is not None
                 else contextlib.nullcontext())
     optimizer = build_optimizer(model, cfg.optim, device)

@@ -118,21 +118,36 @@ class WindowSampler:
         return windows * self.seq_len
 
 
-def _make_batch(streams: list[TokenStream], picks: list[tuple[int, int]], seq_len: int, document_ids: bool) -> dict:
-    """Read the windows (dataset, token start) into inputs / labels (/ document_ids) [B, T] int64 tensors."""
+def _make_batch(streams: list[TokenStream], picks: list[tuple[int, int]], seq_len: int, document_ids: bool,
+                piece: tuple[int, int] = (0, 1)) -> dict:
+    """Read the windows (dataset, token start) into inputs / labels (/ document_ids) [B, T] int64 tensors.
+
+    ``piece`` (index, count): only tokens [index T / count, (index + 1) T / count) of each window, as a
+    context-parallel rank trains on them (T / count columns; the labels are still the next tokens)."""
     windows = np.empty((len(picks), seq_len + 1), dtype=np.int64)
     for row, (dataset, start) in enumerate(picks):
         streams[dataset].read(start, seq_len + 1, windows[row])
+    index, count = piece
+    first, last = index * seq_len // count, (index + 1) * seq_len // count
     batch = {
-        "inputs": torch.from_numpy(np.ascontiguousarray(windows[:, :-1])),
-        "labels": torch.from_numpy(np.ascontiguousarray(windows[:, 1:])),
+        "inputs": torch.from_numpy(np.ascontiguousarray(windows[:, first:last])),
+        "labels": torch.from_numpy(np.ascontiguousarray(windows[:, first + 1:last + 1])),
     }
     if document_ids:
         ids = np.empty((len(picks), seq_len), dtype=np.int64)
         for row, (dataset, start) in enumerate(picks):
             ids[row] = streams[dataset].document_ids(start, seq_len)
-        batch["document_ids"] = torch.from_numpy(ids)
+        batch["document_ids"] = torch.from_numpy(np.ascontiguousarray(ids[:, first:last]))
     return batch
+
+
+def _check_piece(piece: tuple[int, int], seq_len: int) -> tuple[int, int]:
+    index, count = piece
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"sequence piece must be (index, count) with 0 <= index < count, got {piece}")
+    if seq_len % count:
+        raise ValueError(f"data.seq_len ({seq_len}) is not divisible by the context-parallel degree ({count})")
+    return int(index), int(count)
 
 
 class PackedLoader:
@@ -149,6 +164,7 @@ class PackedLoader:
         dp_world_size: int,
         seed: int,
         document_ids: bool = False,
+        sequence_piece: tuple[int, int] = (0, 1),
     ):
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -167,6 +183,8 @@ class PackedLoader:
         self.dp_world_size = dp_world_size
         self.seed = int(seed)
         self.document_ids = document_ids
+        self.sequence_piece = _check_piece(sequence_piece, seq_len)
+        """(cp rank, cp): the piece of every sequence this rank trains on; the state is the whole group's."""
         self.samplers = [WindowSampler(stream, seq_len, self.seed) for stream in streams]
         self.weights = list(weights)
         self.mixer = Mixer(weights, self.seed)
@@ -209,7 +227,7 @@ class PackedLoader:
             selected = my_datasets == dataset
             starts[selected] = self.samplers[dataset].window_starts(my_draws[selected])
         picks = list(zip(my_datasets.tolist(), starts.tolist()))
-        batch = _make_batch(self.streams, picks, self.seq_len, self.document_ids)
+        batch = _make_batch(self.streams, picks, self.seq_len, self.document_ids, self.sequence_piece)
         self.dataset_samples += np.bincount(choices, minlength=len(self.streams))
         self.global_samples += global_batch
         return batch
@@ -264,9 +282,11 @@ def _open_datasets(cfg: DataConfig, split: str, dp_rank: int, dp_world_size: int
 
 
 def build_train_loader(
-    cfg: DataConfig, *, micro_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1, seed: int | None = None
+    cfg: DataConfig, *, micro_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1, seed: int | None = None,
+    sequence_piece: tuple[int, int] = (0, 1),
 ) -> PackedLoader:
-    """This rank's infinite training iterator over the mixed sources (seed: cfg.seed when None)."""
+    """This rank's infinite training iterator over the mixed sources (seed: cfg.seed when None); a
+    context-parallel rank reads its ``sequence_piece`` (cp rank, cp) of each sequence."""
     streams = _open_datasets(cfg, "train", dp_rank, dp_world_size)
     loader = PackedLoader(
         streams,
@@ -277,6 +297,7 @@ def build_train_loader(
         dp_world_size=dp_world_size,
         seed=cfg.seed if seed is None else seed,
         document_ids=cfg.document_ids,
+        sequence_piece=sequence_piece,
     )
     loader.check_batch_fits()  # a micro-batch larger than a source would repeat its windows within every batch
     return loader
@@ -306,17 +327,19 @@ def validation_windows(streams: list[TokenStream], weights: list[float], seq_len
     return picks
 
 
-def build_validation_batches(cfg: DataConfig, *, micro_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1) -> list[dict]:
+def build_validation_batches(cfg: DataConfig, *, micro_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1,
+                             sequence_piece: tuple[int, int] = (0, 1)) -> list[dict]:
     """This rank's fixed list of cfg.validation_batches micro batches from the held-out documents.
 
     Global validation sample i (of validation_batches * B * w) is read by rank i mod w, as batch
     i // (B w); the list is the same on every call, and the global set is the same for any (B, w)
-    with equal B w.
+    with equal B w. A context-parallel rank holds its ``sequence_piece`` (cp rank, cp) of each sequence.
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if not 0 <= dp_rank < dp_world_size:
         raise ValueError(f"dp_rank must be in [0, dp_world_size={dp_world_size}), got {dp_rank}")
+    piece = _check_piece(sequence_piece, cfg.seq_len)
     streams = _open_datasets(cfg, "validation", dp_rank, dp_world_size)
     global_batch = micro_batch_size * dp_world_size
     weights = [source.weight for source in cfg.sources]
@@ -325,5 +348,5 @@ def build_validation_batches(cfg: DataConfig, *, micro_batch_size: int, dp_rank:
     for batch_number in range(cfg.validation_batches):
         first = batch_number * global_batch
         mine = [picks[first + index] for index in range(dp_rank, global_batch, dp_world_size)]
-        batches.append(_make_batch(streams, mine, cfg.seq_len, cfg.document_ids))
+        batches.append(_make_batch(streams, mine, cfg.seq_len, cfg.document_ids, piece))
     return batches

@@ -7,7 +7,9 @@
 ``scaled_dot_product_attention(..., is_causal=True, enable_gqa=True)`` runs it (the flash
 kernel on GPU, the math kernel on CPU); the scale is SDPA's default 1/sqrt(head_dim), as in
 Hugging Face's ``NemotronHAttention``. A packed window is one causal stream: no mask at
-document boundaries (docs/ARCHITECTURE.md).
+document boundaries (docs/ARCHITECTURE.md). Under context parallelism (``context_parallel`` set,
+models.context_parallel) the queries of a rank's piece attend the gathered keys and values of every
+token up to the piece's end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.config import ModelConfig
+from models.context_parallel import gathered_kv_attention
 
 
 class Attention(nn.Module):
@@ -32,6 +35,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
+        # models.context_parallel.ContextParallel when the sequence is split over ranks (a plain attribute,
+        # set by trainer.context_parallel; None: the whole sequence is here).
+        self.context_parallel = None
 
     @torch.no_grad()
     def init_weights(self, residual_std: float) -> None:
@@ -47,6 +53,10 @@ class Attention(nn.Module):
         q = self.q_proj(hidden_states).view(batch, seqlen, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(hidden_states).view(batch, seqlen, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(batch, seqlen, -1, self.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads)
+        enable_gqa = self.num_kv_heads != self.num_heads
+        if self.context_parallel is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
+        else:  # this rank's queries over the keys and values of every token up to its piece's end
+            out = gathered_kv_attention(q, k, v, self.context_parallel, enable_gqa)
         out = out.transpose(1, 2).reshape(batch, seqlen, -1)
         return self.o_proj(out)

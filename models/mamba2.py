@@ -28,7 +28,10 @@ A_log, D and the gated norm's weight is one contiguous slice (``Shard(0)``) for 
 G, so distributed checkpoints reshard between degrees without any permutation. The forward
 de-interleaves with views: (b, L, groups * width) -> (b, L, groups, width) -> split the last dim;
 it reads the number of groups from in_proj's output, so one code runs the whole mixer and a
-tensor-parallel rank's share (parameters may be DTensors: ``norms.local_tensor``).
+tensor-parallel rank's share (parameters may be DTensors: ``norms.local_tensor``). Under context
+parallelism (``context_parallel`` set, models.context_parallel) the mixer holds a contiguous piece of
+each sequence: the conv reads the K-1 tokens before it from the previous rank, and the zero-started
+scan's output gains what the state entering the piece contributes.
 
 Initialization (Megatron / mamba_ssm): in_proj ~ N(0, init_std), out_proj ~ N(0, residual std);
 conv1d weight and bias as nn.Conv1d's default (kaiming-uniform a=sqrt(5), i.e. U(+-1/sqrt(K))
@@ -47,6 +50,7 @@ import torch
 import torch.nn as nn
 
 from models.config import ModelConfig
+from models.context_parallel import conv_with_halo, pass_ssd_states
 from models.kernels import causal_conv, mamba_ssm_triton, resolve_backend, resolve_conv_backend
 from models.norms import GatedRMSNorm, local_tensor
 from models.ssd import ssd_chunked
@@ -115,6 +119,9 @@ class Mamba2Mixer(nn.Module):
             self.inner_size, self.inner_size // self.num_groups, eps=cfg.norm_eps, backend=cfg.gated_norm_backend
         )
         self.out_proj = nn.Linear(self.inner_size, cfg.hidden_size, bias=False)
+        # models.context_parallel.ContextParallel when the sequence is split over ranks (a plain attribute,
+        # set by trainer.context_parallel; None: the whole sequence is here).
+        self.context_parallel = None
         self.mark_no_weight_decay()
 
     def mark_no_weight_decay(self) -> None:
@@ -163,9 +170,14 @@ class Mamba2Mixer(nn.Module):
         conv_weight = local_tensor(self.conv1d.weight).squeeze(1)  # (channels, K)
         conv_bias = local_tensor(self.conv1d.bias)
         if resolve_conv_backend(self.config.conv_backend, device) == "compiled":
-            xBC = causal_conv.compiled_causal_conv1d_silu(xBC, conv_weight, conv_bias)
+            conv = causal_conv.compiled_causal_conv1d_silu
         else:
-            xBC = causal_conv.causal_conv1d_silu_conv1d(xBC, conv_weight, conv_bias)
+            conv = causal_conv.causal_conv1d_silu_conv1d
+        cp = self.context_parallel
+        if cp is None:
+            xBC = conv(xBC, conv_weight, conv_bias)
+        else:  # the K-1 tokens before this rank's piece come from the rank before
+            xBC = conv_with_halo(conv, xBC, conv_weight, conv_bias, cp)
 
         x, B, C = torch.split(xBC.view(batch, seqlen, groups, self.group_conv),
                               [self.group_inner, self.state_size, self.state_size], dim=-1)
@@ -174,8 +186,8 @@ class Mamba2Mixer(nn.Module):
         A_log, D, dt_bias = local_tensor(self.A_log), local_tensor(self.D), local_tensor(self.dt_bias)
         A = -torch.exp(A_log.float())  # (H,), < 0
 
+        clamp = self.config.time_step_clamp_min
         if resolve_backend(self.config.ssd_backend, device, "ssd_backend") == "triton":
-            clamp = self.config.time_step_clamp_min
             y = mamba_ssm_triton.chunk_scan(
                 x, dt, A, B, C, self.chunk_size,
                 D=D.float(), dt_bias=dt_bias.float(), dt_softplus=True,
@@ -184,7 +196,9 @@ class Mamba2Mixer(nn.Module):
         else:
             y = ssd_chunked(
                 x, dt, A, B, C, self.chunk_size,
-                D=D, dt_bias=dt_bias, dt_softplus=True, dt_min=self.config.time_step_clamp_min,
+                D=D, dt_bias=dt_bias, dt_softplus=True, dt_min=clamp,
             )
+        if cp is not None:  # the scan started from zero: add what the state entering this rank's piece adds
+            y = pass_ssd_states(y, x, dt, A, B, C, cp, dt_bias=dt_bias, dt_softplus=True, dt_min=clamp)
         y = self.norm(y.flatten(-2), z)  # (b, L, d), gated by z
         return self.out_proj(y)

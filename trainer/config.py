@@ -63,7 +63,13 @@ class ParallelConfig:
     tp: int = 1
     """Tensor-parallel degree: each block's linears split over this many GPUs of one node (attention by
     heads, the MLP by its hidden columns, Mamba-2 by groups), the norms and residual on 1/tp of the tokens
-    (sequence parallelism); 1 = off. Data-parallel ranks = world size / tp."""
+    (sequence parallelism); 1 = off. Data-parallel ranks = world size / (tp x cp)."""
+    cp: int = 1
+    """Context-parallel degree: every sequence of a micro-batch split along its tokens over this many GPUs
+    (contiguous pieces in rank order); linears, norms and the MLP run on the local tokens, Mamba-2 passes
+    its conv's last tokens and its SSD state to the next piece, attention gathers K and V
+    (models/context_parallel.py); 1 = off. The cp ranks of a group read the same sequences and FSDP2
+    shards over them too. Data-parallel ranks = world size / (tp x cp)."""
     reshard: str = "per_micro_batch"
     """When FSDP2 frees a block's gathered parameters: 'per_micro_batch' (after each micro-batch's forward
     and again after its backward: two all-gathers per block and micro-batch, least memory) or 'per_step'
@@ -199,7 +205,7 @@ class LoopConfig:
     """Sequences per rank per forward/backward."""
     global_batch_size: int = 8
     """Sequences per optimizer step over all ranks; a multiple of micro_batch_size * data-parallel ranks
-    (world size / parallel.tp), or else adjusted as batch_policy says."""
+    (world size / (parallel.tp x parallel.cp)), or else adjusted as batch_policy says."""
     batch_policy: str = "nearest"
     """When the launched world cannot run global_batch_size (not a multiple of micro_batch_size x
     data-parallel ranks): 'nearest' runs the nearest batch it can (ties go up), announced at start and

@@ -4,9 +4,11 @@ Launch modes, all read from the environment torchrun (or srun + torchrun) sets:
   single process   no RANK/WORLD_SIZE: world size 1, no process group (or, with parallel.fsdp=on, a
                    process group of one on an in-memory store, so the FSDP2 path runs without torchrun)
   torchrun         RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (c10d rendezvous)
-The mesh: world = dp_replicate x dp_shard x tp, tensor parallelism innermost (the tp ranks of a group
-are consecutive, so they share a node and its NVLink). Data-parallel rank and size count the
-(dp_replicate, dp_shard) position only: the tp ranks of one group read the same batch.
+The mesh: world = dp_replicate x dp_shard x cp x tp, tensor parallelism innermost (the tp ranks of a
+group are consecutive, so they share a node and its NVLink), context parallelism next. Data-parallel
+rank and size count the (dp_replicate, dp_shard) position only: the tp and cp ranks of one group read
+the same sequences (each cp rank its own piece of their tokens). FSDP2 shards over dp_shard x cp: the cp
+ranks hold the same parameters, and each contributes the gradient of its tokens.
 Backend: NCCL on CUDA, gloo on CPU. Joining the group and every collective after it are bounded
 by parallel.collective_timeout_s; a heartbeat thread names a stalled or dead rank within the same
 time (trainer/heartbeat.py).
@@ -14,11 +16,12 @@ time (trainer/heartbeat.py).
 `parallelize` applies, in this order (torchtitan's order; each step needs the one before):
   1. precision conversion (nn.Linear -> QuantLinear by name; done by the caller, see loop.py)
   2. tensor parallelism when parallel.tp > 1 (trainer/tensor_parallel.py: DTensor parameters on the tp
-     mesh, sequence parallelism between the mixers)
+     mesh, sequence parallelism between the mixers); context parallelism when parallel.cp > 1
+     (trainer/context_parallel.py: the mixers exchange what crosses a piece boundary)
   3. activation checkpointing per block (full, or only blocks of given symbols)
   4. torch.compile per block (`module.compile()` keeps parameter names; trainer/compile.py)
   5. FSDP2 `fully_shard` on the embedding, each block and the head (norm_f + lm_head), then the root,
-     over the data-parallel mesh; HSDP when
+     over the data-parallel mesh (dp_shard x cp); HSDP when
      dp_replicate > 1. parallel.reshard decides whether a block's gathered parameters are freed
      after each micro-batch's forward and backward or kept over the step (`set_fsdp_micro_step`)
 """
@@ -54,9 +57,12 @@ class DistEnv:
     world_size: int
     device: torch.device
     mesh: Optional[object] = None
-    """DeviceMesh named ('dp_replicate'?, 'dp_shard', 'tp'?) (a dim of size 1 left out); None without a process group."""
+    """DeviceMesh named ('dp_replicate'?, 'dp_shard', 'cp'?, 'tp'?) (a dim of size 1 left out); None without a
+    process group."""
     tp: int = 1
     """Tensor-parallel degree (parallel.tp)."""
+    cp: int = 1
+    """Context-parallel degree (parallel.cp)."""
 
     @property
     def is_main(self) -> bool:
@@ -68,13 +74,18 @@ class DistEnv:
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel ranks: world size / tp (each reads its own share of the batch)."""
-        return self.world_size // self.tp
+        """Data-parallel ranks: world size / (tp x cp) (each reads its own share of the batch)."""
+        return self.world_size // (self.tp * self.cp)
 
     @property
     def dp_rank(self) -> int:
-        """This process's data-parallel index (tp innermost: ranks r and r+1 of a tp=2 group share it)."""
-        return self.rank // self.tp
+        """This process's data-parallel index (tp innermost, then cp: the tp x cp ranks of a group share it)."""
+        return self.rank // (self.tp * self.cp)
+
+    @property
+    def cp_rank(self) -> int:
+        """This process's piece of each sequence: tokens [cp_rank L / cp, (cp_rank + 1) L / cp)."""
+        return (self.rank // self.tp) % self.cp
 
     def submesh(self, *names: str):
         """The mesh over the named dims that exist (None when none does)."""
@@ -88,8 +99,22 @@ class DistEnv:
         return self.submesh("tp")
 
     @property
+    def cp_mesh(self):
+        return self.submesh("cp")
+
+    @property
     def dp_mesh(self):
+        """The data-parallel ranks (dp_replicate x dp_shard): the gradient sync of the replicated work."""
         return self.submesh("dp_replicate", "dp_shard")
+
+    @property
+    def fsdp_mesh(self):
+        """FSDP2's mesh: dp_replicate x (dp_shard x cp), the cp ranks folded into the shard dimension (they
+        hold the same parameters; build_mesh flattens them as 'dp_shard_cp')."""
+        if self.cp == 1 or self.mesh is None:
+            return self.dp_mesh
+        replicated = ("dp_replicate",) if "dp_replicate" in self.mesh.mesh_dim_names else ()
+        return self.mesh[replicated + ("dp_shard_cp",)]  # a flattened dim is not among mesh_dim_names
 
 
 def resolve_device(name: str) -> torch.device:
@@ -120,7 +145,7 @@ def init_distributed(cfg: ParallelConfig) -> DistEnv:
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    env = DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, tp=cfg.tp)
+    env = DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, tp=cfg.tp, cp=cfg.cp)
     launched = "RANK" in os.environ
     if world_size == 1 and not launched and not fsdp_enabled(cfg, env):
         return env  # a plain `python -m trainer`: no process group (torchrun at 1 rank gets one)
@@ -145,12 +170,14 @@ def process_group_timeout_s() -> float:
     return _timeout_s
 
 
-def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int, int]:
-    """(dp_replicate, dp_shard, tp) for this world size, or ValueError naming the fields."""
-    tp = cfg.tp
+def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int, int, int]:
+    """(dp_replicate, dp_shard, cp, tp) for this world size, or ValueError naming the fields."""
+    tp, cp = cfg.tp, cfg.cp
     if tp < 1 or world_size % tp:
         raise ValueError(f"parallel.tp ({tp}) must divide the world size ({world_size})")
-    dp = world_size // tp
+    if cp < 1 or world_size % (tp * cp):
+        raise ValueError(f"parallel.tp ({tp}) x parallel.cp ({cp}) must divide the world size ({world_size})")
+    dp = world_size // (tp * cp)
     if cfg.dp_replicate > 0:
         replicate = cfg.dp_replicate
         shard = cfg.dp_shard if cfg.dp_shard > 0 else dp // replicate
@@ -159,23 +186,27 @@ def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int, int]:
         replicate = dp // shard
     else:
         raise ValueError("parallel.dp_replicate=-1 needs a positive parallel.dp_shard (e.g. GPUs per node)")
-    if replicate * shard * tp != world_size:
+    if replicate * shard * cp * tp != world_size:
         raise ValueError(
-            f"parallel.dp_replicate ({replicate}) x parallel.dp_shard ({shard}) x parallel.tp ({tp}) must equal "
-            f"the world size ({world_size})"
+            f"parallel.dp_replicate ({replicate}) x parallel.dp_shard ({shard}) x parallel.cp ({cp}) x parallel.tp "
+            f"({tp}) must equal the world size ({world_size})"
         )
-    return replicate, shard, tp
+    return replicate, shard, cp, tp
 
 
 def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str):
-    """The DeviceMesh ('dp_replicate', 'dp_shard', 'tp'), leaving out dp_replicate and tp where they are 1."""
+    """The DeviceMesh ('dp_replicate', 'dp_shard', 'cp', 'tp'), leaving out dp_replicate, cp and tp where they
+    are 1; with cp > 1 also the flattened 'dp_shard_cp' FSDP2 shards over."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    replicate, shard, tp = mesh_shape(cfg, world_size)
-    dims = [(name, size) for name, size in (("dp_replicate", replicate), ("dp_shard", shard), ("tp", tp))
+    replicate, shard, cp, tp = mesh_shape(cfg, world_size)
+    dims = [(name, size) for name, size in (("dp_replicate", replicate), ("dp_shard", shard), ("cp", cp), ("tp", tp))
             if size > 1 or name == "dp_shard"]
-    return init_device_mesh(device_type, tuple(size for _, size in dims),
+    mesh = init_device_mesh(device_type, tuple(size for _, size in dims),
                             mesh_dim_names=tuple(name for name, _ in dims))
+    if cp > 1:
+        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    return mesh
 
 
 def fsdp_enabled(cfg: ParallelConfig, env: DistEnv) -> bool:
@@ -231,7 +262,7 @@ def apply_fsdp(model: nn.Module, env: DistEnv, cfg: ParallelConfig, param_dtype:
 
     if env.mesh is None:
         raise RuntimeError("FSDP needs a process group; trainer.distributed.init_distributed makes one")
-    mesh = env.dp_mesh
+    mesh = env.fsdp_mesh
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=resolve_dtype(cfg.reduce_dtype, env.device))
     per_step = cfg.reshard == "per_step"
     fully_shard(model.embeddings, mesh=mesh, mp_policy=policy, reshard_after_forward=not per_step)
@@ -254,14 +285,21 @@ def set_fsdp_micro_step(model: nn.Module, cfg: ParallelConfig, micro_step: int, 
     model.set_reshard_after_backward(last or cfg.reshard == "per_micro_batch")
 
 
-def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> dict:
-    """Tensor parallelism, activation checkpointing, compile, FSDP2 in that order. Returns what was applied."""
+def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, seq_len: Optional[int] = None) -> dict:
+    """Tensor and context parallelism, activation checkpointing, compile, FSDP2 in that order. Returns what was
+    applied. ``seq_len`` (the sequences' length) lets context parallelism check its pieces and build attention's
+    mask ahead, outside any compiled graph."""
     param_dtype = resolve_dtype(cfg.param_dtype, env.device)
     tensor_parallel = {}
     if env.tp > 1:
         from trainer.tensor_parallel import apply_tensor_parallel
 
         tensor_parallel = apply_tensor_parallel(model, env.tp_mesh)
+    context_parallel = {}
+    if env.cp > 1:
+        from trainer.context_parallel import apply_context_parallel
+
+        context_parallel = apply_context_parallel(model, env.cp_mesh, seq_len)
     checkpointed = apply_activation_checkpointing(model, cfg.activation_checkpoint)
     if cfg.compile:
         apply_compile(model)
@@ -272,6 +310,8 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> dict:
         "fsdp": use_fsdp,
         "tp": env.tp,
         "tensor_parallel": tensor_parallel,
+        "cp": env.cp,
+        "context_parallel": context_parallel,
         "reshard": cfg.reshard if use_fsdp else None,
         "grad_reduce": cfg.grad_reduce if use_fsdp else None,
         "param_dtype": str(param_dtype).replace("torch.", ""),

@@ -107,16 +107,17 @@ def _train(cfg: TrainConfig, env: DistEnv, user_callbacks: list[Callback], run_p
     # ---- data and tokenizer first: a bad data config fails before any model is built
     tokenizer = build_tokenizer(cfg.data)
     accumulation, tokens_per_step = _batch_arithmetic(cfg, env, tokenizer.vocab_size)
+    piece = (env.cp_rank, env.cp)  # context parallelism: this rank's tokens of every sequence
     loader = build_train_loader(cfg.data, micro_batch_size=cfg.train.micro_batch_size, dp_rank=env.dp_rank,
-                                dp_world_size=env.dp_size, seed=cfg.data.seed)
+                                dp_world_size=env.dp_size, seed=cfg.data.seed, sequence_piece=piece)
     validation = (build_validation_batches(cfg.data, micro_batch_size=cfg.train.micro_batch_size, dp_rank=env.dp_rank,
-                                           dp_world_size=env.dp_size)[: cfg.train.eval_batches]
+                                           dp_world_size=env.dp_size, sequence_piece=piece)[: cfg.train.eval_batches]
                   if cfg.train.eval_every > 0 else [])
 
     # ---- model: meta -> device -> init -> precision -> AC -> compile -> FSDP2
     model = build_model_on(cfg, env.device)
     plan = apply_precision(model, cfg.precision, device=env.device, tensor_parallel=env.tp > 1)
-    applied = parallelize(model, cfg.parallel, env)
+    applied = parallelize(model, cfg.parallel, env, cfg.data.seq_len)
     if cfg.parallel.cuda_graph:  # refused here, before any log file or W&B run is opened
         check_cuda_graph_supported(env, applied, plan.backend)
     autocast = (torch.autocast(env.device.type, dtype=applied["autocast_dtype"])

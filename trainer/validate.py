@@ -135,6 +135,8 @@ def _validate_parallel(cfg: TrainConfig) -> None:
              "parallel.dp_replicate", parallel.dp_replicate, "a positive integer or -1")
     _require(isinstance(parallel.auto, bool), "parallel.auto", parallel.auto, "true or false")
     _require(_is_int(parallel.tp) and parallel.tp >= 1, "parallel.tp", parallel.tp, "a positive integer (1: no tensor parallelism)")
+    _require(_is_int(parallel.cp) and parallel.cp >= 1, "parallel.cp", parallel.cp,
+             "a positive integer (1: no context parallelism)")
     _require(parallel.reshard in ("per_micro_batch", "per_step"), "parallel.reshard", parallel.reshard,
              "'per_micro_batch' or 'per_step'")
     _require(parallel.grad_reduce in ("per_step", "per_micro_batch"), "parallel.grad_reduce", parallel.grad_reduce,
@@ -149,6 +151,12 @@ def _validate_parallel(cfg: TrainConfig) -> None:
             from models.quant.recipe import TE_UNDER_TP
 
             raise ConfigError(TE_UNDER_TP)
+    if parallel.cp > 1:
+        problem = context_parallel_problem(parallel.cp, parallel.tp, cfg.data.seq_len)
+        if problem:
+            raise ConfigError(f"parallel.cp={parallel.cp}: {problem}")
+        _require(parallel.fsdp != "off", "parallel.fsdp", parallel.fsdp, "'auto' or 'on' with parallel.cp > 1")
+        _require(not parallel.cuda_graph, "parallel.cuda_graph", parallel.cuda_graph, "false with parallel.cp > 1")
     if parallel.cuda_graph:  # the rest (world size, backend) is checked once they are known
         _require(parallel.device != "cpu", "parallel.device", parallel.device, "'auto' or 'cuda' with parallel.cuda_graph")
         _require(parallel.fsdp != "on", "parallel.fsdp", parallel.fsdp,
@@ -178,6 +186,18 @@ def tensor_parallel_problem(model, tp: int, seq_len: int) -> str:
     for field, value in checks:
         if value % tp:
             return f"{field} ({value}) is not divisible by the tensor-parallel degree"
+    return ""
+
+
+def context_parallel_problem(cp: int, tp: int, seq_len: int) -> str:
+    """Why sequences of ``seq_len`` tokens cannot be split over ``cp`` context-parallel ranks ('' when they can):
+    each rank takes seq_len / cp consecutive tokens, and under tensor parallelism its tp ranks split that
+    piece again (sequence parallelism)."""
+    if seq_len % cp:
+        return f"data.seq_len ({seq_len}) is not divisible by the context-parallel degree"
+    if (seq_len // cp) % tp:
+        return (f"a rank's piece of a sequence, data.seq_len / parallel.cp = {seq_len // cp} tokens, is not "
+                f"divisible by parallel.tp ({tp}), which splits it again between the mixers")
     return ""
 
 
@@ -213,7 +233,8 @@ def token_blocking_problem(cfg: TrainConfig) -> str:
     if precision.format == "bf16" or not precision.quantize_wgrad or precision.format not in FORMAT_SPECS:
         return ""
     edge = FORMAT_SPECS[precision.format].block_edge
-    tokens = cfg.train.micro_batch_size * cfg.data.seq_len
+    cp = cfg.parallel.cp if _is_int(cfg.parallel.cp) and cfg.parallel.cp >= 1 else 1
+    tokens = cfg.train.micro_batch_size * cfg.data.seq_len // cp  # a context-parallel rank's piece
     if tokens % edge == 0:
         return ""
     import torch
@@ -226,8 +247,10 @@ def token_blocking_problem(cfg: TrainConfig) -> str:
                      if plan.gemm_formats.get("wgrad", "bf16") != "bf16"]
     if not quantized:
         return ""
-    return (f"data.seq_len={cfg.data.seq_len}: a micro-batch holds train.micro_batch_size x data.seq_len = "
-            f"{cfg.train.micro_batch_size} x {cfg.data.seq_len} = {tokens} tokens, not a multiple of {edge}, the "
+    held = (f"train.micro_batch_size x data.seq_len = {cfg.train.micro_batch_size} x {cfg.data.seq_len}"
+            if cp == 1 else f"train.micro_batch_size x data.seq_len / parallel.cp = {cfg.train.micro_batch_size} x "
+                            f"{cfg.data.seq_len} / {cp}")
+    return (f"data.seq_len={cfg.data.seq_len}: a micro-batch holds {held} = {tokens} tokens, not a multiple of {edge}, the "
             f"{precision.format} block the weight-gradient GEMMs of {len(quantized)} quantized layers (e.g. "
             f"{quantized[0]}) reduce over; choose data.seq_len (or train.micro_batch_size) so that the product is a "
             f"multiple of {edge}, or keep those GEMMs in BF16 (precision.quantize_wgrad=false)")

@@ -236,8 +236,15 @@ def test_a_call_takes_its_links_time_and_latency():
     assert group_span(layout, "tp", 2) == (2, 1)
     assert group_span(layout, "dp_shard", 8) == (4, 2)  # 4 of the shard group in a node, 2 nodes
     ring = Collective("all_gather", "dp_shard", 8, 10**9, 1, "", "")
-    expected = 7 / 8 * 1e9 / (50e9 * 0.8) + BASE_LATENCY_S + 6 * HOP_LATENCY_S["nvlink"] + 2 * HOP_LATENCY_S["network"]
+    # Across nodes the 4 ranks of a node move the data over their 4 NICs at once (one ring per NIC).
+    expected = 7 / 8 * 1e9 / (4 * 50e9 * 0.8) + BASE_LATENCY_S + 6 * HOP_LATENCY_S["nvlink"] + 2 * HOP_LATENCY_S["network"]
     assert call_seconds(ring, layout, 0.8) == pytest.approx(expected)
+    replicas = resolve_layout(compose(TINY + ["precision=bf16", "train.global_batch_size=16", "parallel.dp_shard=8",
+                                              "parallel.dp_replicate=2"]), GPUS["B200"], 16)
+    assert group_span(replicas, "dp_replicate", 2) == (1, 2)  # one rank a node: one NIC
+    across = Collective("all_reduce", "dp_replicate", 2, 10**9, 1, "", "")
+    assert call_seconds(across, replicas, 0.8) == pytest.approx(2 * 1 / 2 * 1e9 / (50e9 * 0.8) + BASE_LATENCY_S
+                                                                + 2 * HOP_LATENCY_S["network"])
     inside = Collective("all_reduce", "tp", 2, 4, 1, "", "")
     assert call_seconds(inside, layout, 0.8) == pytest.approx(2 * 1 / 2 * 4 / (900e9 * 0.8) + BASE_LATENCY_S
                                                               + 2 * HOP_LATENCY_S["nvlink"])
@@ -273,7 +280,9 @@ def _worker(overrides: list, out: str) -> None:
             if func in ops:
                 leaves = torch.utils._pytree.tree_leaves((args, kwargs or {}))
                 tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
-                self.calls.append((ops[func], [[list(t.shape), t.element_size()] for t in tensors]))
+                # a functional all-gather's group size is its argument after the input
+                group = args[1] if ops[func].startswith("functional_all_gather") else None
+                self.calls.append((ops[func], [[list(t.shape), t.element_size()] for t in tensors], group))
             return func(*args, **(kwargs or {}))
 
     cfg = compose(overrides)
@@ -287,16 +296,17 @@ def _worker(overrides: list, out: str) -> None:
         nvfp4_torch.check_native_support = lambda *args, **kwargs: None
     model = build_model_on(cfg, env.device)
     apply_precision(model, cfg.precision, device=env.device)
-    parallelize(model, cfg.parallel, env)
-    tp = cfg.parallel.tp
-    accumulation = cfg.train.global_batch_size // (cfg.train.micro_batch_size * env.world_size // tp)
-    generator = torch.Generator().manual_seed(env.rank // tp)
+    parallelize(model, cfg.parallel, env, cfg.data.seq_len)
+    accumulation = cfg.train.global_batch_size // (cfg.train.micro_batch_size * env.dp_size)
+    generator = torch.Generator().manual_seed(env.dp_rank)
+    piece = cfg.data.seq_len // env.cp  # a context-parallel rank's tokens of each sequence
+    first = env.cp_rank * piece
 
     def batches():
         while True:
             tokens = torch.randint(0, cfg.model.vocab_size, (cfg.train.micro_batch_size, cfg.data.seq_len + 1),
                                    generator=generator)
-            yield {"inputs": tokens[:, :-1], "labels": tokens[:, 1:]}
+            yield {"inputs": tokens[:, first:first + piece], "labels": tokens[:, first + 1:first + piece + 1]}
 
     loader, optimizer = batches(), torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -316,13 +326,13 @@ def _worker(overrides: list, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _issued(calls: list, tp: int) -> Counter:
+def _issued(calls: list) -> Counter:
     """(op, bytes per call as the planner counts them) -> calls."""
     out = Counter()
-    for name, tensors in calls:
+    for name, tensors, group in calls:
         sizes = [math.prod(shape) * element for shape, element in tensors]
-        if name == "functional_all_gather_into_tensor":  # only the input is an argument: x the group (tp)
-            out[("all_gather", sizes[0] * tp)] += 1
+        if name == "functional_all_gather_into_tensor":  # only the input is an argument: x the group
+            out[("all_gather", sizes[0] * group)] += 1
         elif "allgather" in name:
             out[("all_gather", max(sizes))] += 1
         elif "reduce_scatter" in name:
@@ -349,6 +359,11 @@ def _issued(calls: list, tp: int) -> Counter:
          "precision.bf16_layers_at_start=0", "precision.bf16_layers_at_end=1", "train.global_batch_size=4",
          "train.micro_batch_size=2", "parallel.tp=2", "parallel.activation_checkpoint=M",
          "model.mamba_num_heads=32", "model.mamba_head_dim=4"]),
+    # parallel=auto past 256 GPUs: context parallelism, FSDP over dp_shard x cp (the Mamba blocks recomputed:
+    # their halo and state gathers again), and under tensor parallelism
+    (4, ["precision=bf16", "train.global_batch_size=4", "parallel.cp=2", "parallel.activation_checkpoint=M"]),
+    (4, ["precision=nvfp4", "precision.backend=emulated", "train.global_batch_size=4", "parallel.tp=2",
+         "parallel.cp=2", "model.mamba_num_heads=32", "model.mamba_head_dim=4"]),
 ])
 def test_the_list_is_what_the_trainer_issues_on_gloo(tmp_path, ranks, overrides):
     overrides = TINY + overrides
@@ -368,7 +383,7 @@ def test_the_list_is_what_the_trainer_issues_on_gloo(tmp_path, ranks, overrides)
     planned = Counter()
     for collective in step_collectives(cfg.model, layout):
         planned[(collective.op, collective.bytes_per_call)] += collective.calls_per_step
-    assert _issued(json.loads(out.read_text()), cfg.parallel.tp) == planned
+    assert _issued(json.loads(out.read_text())) == planned
 
 
 if __name__ == "__main__" and "--worker" in sys.argv:

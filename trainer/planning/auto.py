@@ -7,10 +7,10 @@
 What it searches (everything else, parallel.compile, param_dtype, fsdp, the precision and the model, stays
 as configured):
 
-    parallel.tp                    divisors of the GPUs per node that divide the world and pass
-                                   trainer.validate.tensor_parallel_problem
-    dp_shard x dp_replicate        every factorisation of the data-parallel ranks (world / tp): flat FSDP,
-                                   HSDP with shard groups inside a node, and every shard size between
+    parallel.tp, parallel.cp       pairs whose product divides the GPUs per node and the world and that pass
+                                   trainer.validate.tensor_parallel_problem and context_parallel_problem
+    dp_shard x dp_replicate        every factorisation of the data-parallel ranks (world / (tp x cp)): flat
+                                   FSDP, HSDP with shard groups inside a node, and every shard size between
     train.micro_batch_size         every size whose batch train.batch_policy accepts (trainer.planning.batch:
                                    each layout runs its own resolved batch)
     activation_checkpoint          'none', 'full' and every proper subset of the pattern's symbols
@@ -19,15 +19,15 @@ as configured):
 
 Objective: the step's seconds per token trained (each layout at its own resolved batch). Among layouts
 within TIE_TOLERANCE of the fastest, preferred in order: the configured batch run exactly, float32 gradient
-reduction, the smaller tensor-parallel degree, then the faster. So an adjusted batch or BF16 reduction is
+reduction, the smaller tensor-parallel degree, the smaller context-parallel degree, then the faster. So an adjusted batch or BF16 reduction is
 chosen only when it is more than 0.2% faster.
 
-Speed (it runs at every trainer start): every (tp, micro-batch, checkpointing) combination is planned once
+Speed (it runs at every trainer start): every (tp, cp, micro-batch, checkpointing) combination is planned once
 in its leanest memory (the largest shard group, gathers and reductions per micro-batch, BF16 reduction);
 one that cannot fit there is dropped, and a micro-batch that does not fit with full checkpointing ends the
-micro-batch sizes of that tp. The rest are ordered by a lower bound of their seconds per token (compute and
-TP communication of that lean plan: the other meshes and policies only add exposed FSDP/HSDP traffic or
-memory) and planned in full, mesh by mesh and policy by policy, until the bound passes the best found.
+micro-batch sizes of that (tp, cp). The rest are ordered by a lower bound of their seconds per token (compute,
+TP and CP communication of that lean plan: the other meshes and policies only add exposed FSDP/HSDP traffic
+or memory) and planned in full, mesh by mesh and policy by policy, until the bound passes the best found.
 The plans share their per-micro-batch work and the precision plan (built once on the meta device).
 """
 
@@ -46,7 +46,7 @@ from trainer.planning.batch import ResolvedBatch, accepted_batch, resolve_global
 from trainer.planning.layout import resolve_layout
 from trainer.planning.memory import GIB, plan_memory
 from trainer.planning.plan import RunPlan, describe_layout, format_seconds, plan_run, usable_memory_gib
-from trainer.validate import ConfigError, tensor_parallel_problem
+from trainer.validate import ConfigError, context_parallel_problem, tensor_parallel_problem
 
 TIE_TOLERANCE = 0.002
 """Layouts within this share of the fastest's seconds per token count as ties (the preferences decide)."""
@@ -68,12 +68,12 @@ class AutoChoice:
     """The chosen plan; when nothing fits, the plan needing the least memory (plan.fits is then false)."""
     runners_up: List[RunPlan] = field(default_factory=list)
     """The next fastest fitting layouts, fastest first (distinct layouts, at most RUNNERS_UP)."""
-    best_per_tp: Dict[int, Optional[RunPlan]] = field(default_factory=dict)
-    """The fastest fitting plan of each tensor-parallel degree searched (None: none fits)."""
-    refused_tp: Dict[int, str] = field(default_factory=dict)
-    """Tensor-parallel degrees not searched, and why (the batch policy, the model's dimensions)."""
-    bound_per_tp: Dict[int, float] = field(default_factory=dict)
-    """The lowest bound of each degree's seconds per token (a degree whose bound passed the best is not
+    best_per_tp: Dict[Tuple[int, int], Optional[RunPlan]] = field(default_factory=dict)
+    """The fastest fitting plan of each (tp, cp) searched (None: none fits)."""
+    refused_tp: Dict[Tuple[int, int], str] = field(default_factory=dict)
+    """(tp, cp) pairs not searched, and why (the batch policy, the model's dimensions, the sequence)."""
+    bound_per_tp: Dict[Tuple[int, int], float] = field(default_factory=dict)
+    """The lowest bound of each (tp, cp)'s seconds per token (a pair whose bound passed the best is not
     planned in full)."""
     considered: int = 0
     """Layouts planned in full."""
@@ -98,47 +98,59 @@ class AutoChoice:
         return layout_overrides(self.config)
 
     def comparison(self) -> str:
-        """The chosen layout against the runners-up and the best of each tensor-parallel degree."""
+        """The chosen layout against the runners-up and the best of each (tp, cp)."""
         best = self.plan.seconds_per_token
         rows = [f"  chosen      {describe_layout(self.plan.layout)}: {format_seconds(self.plan.step_time_s)}, "
                 f"MFU {100 * self.plan.mfu:.1f}%"]
         for plan in self.runners_up:
             rows.append(f"  {100 * (plan.seconds_per_token / best - 1):+6.1f}%     {describe_layout(plan.layout)}: "
                         f"MFU {100 * plan.mfu:.1f}%")
-        for tp, plan in sorted(self.best_per_tp.items()):
-            if plan is None and tp in self.bound_per_tp:
-                rows.append(f"  tp {tp}: at least {100 * (self.bound_per_tp[tp] / best - 1):+.1f}% (its compute and "
-                            f"TP communication alone; not planned in full)")
+        for degree, plan in sorted(self.best_per_tp.items()):
+            name = degree_name(degree)
+            if plan is None and degree in self.bound_per_tp:
+                rows.append(f"  {name}: at least {100 * (self.bound_per_tp[degree] / best - 1):+.1f}% (its compute "
+                            f"and TP/CP communication alone; not planned in full)")
             elif plan is None:
-                rows.append(f"  tp {tp}: no layout fits")
+                rows.append(f"  {name}: no layout fits")
             elif plan is not self.plan:
-                rows.append(f"  tp {tp} at best {100 * (plan.seconds_per_token / best - 1):+.1f}%: "
+                rows.append(f"  {name} at best {100 * (plan.seconds_per_token / best - 1):+.1f}%: "
                             f"{describe_layout(plan.layout)}")
-        rows += [f"  tp {tp}: {why}" for tp, why in sorted(self.refused_tp.items())]
+        rows += [f"  {degree_name(degree)}: {why}" for degree, why in sorted(self.refused_tp.items())]
         return "\n".join(rows)
 
 
 def layout_overrides(cfg: TrainConfig) -> List[str]:
     """The searched fields of ``cfg`` as command-line overrides, with parallel.auto=false."""
     parallel = cfg.parallel
-    return ["parallel.auto=false", f"parallel.tp={parallel.tp}", f"parallel.dp_shard={parallel.dp_shard}",
+    return ["parallel.auto=false", f"parallel.tp={parallel.tp}", f"parallel.cp={parallel.cp}",
+            f"parallel.dp_shard={parallel.dp_shard}",
             f"parallel.dp_replicate={parallel.dp_replicate}", f"train.micro_batch_size={cfg.train.micro_batch_size}",
             f"parallel.activation_checkpoint={parallel.activation_checkpoint}", f"parallel.reshard={parallel.reshard}",
             f"parallel.grad_reduce={parallel.grad_reduce}", f"parallel.reduce_dtype={parallel.reduce_dtype}"]
 
 
 # ---------------------------------------------------------------------------- the search space
-def tp_degrees(cfg: TrainConfig, model: ModelConfig, gpus: int, gpus_per_node: int) -> Tuple[List[int], Dict[int, str]]:
-    """(TP degrees to search, {degree: why not} for divisors of the node the model cannot split)."""
+def degree_name(degree: Tuple[int, int]) -> str:
+    """'tp 2', 'tp 2 x cp 4'."""
+    tp, cp = degree
+    return f"tp {tp}" if cp == 1 else f"tp {tp} x cp {cp}"
+
+
+def tp_degrees(cfg: TrainConfig, model: ModelConfig, gpus: int,
+               gpus_per_node: int) -> Tuple[List[Tuple[int, int]], Dict[Tuple[int, int], str]]:
+    """((tp, cp) pairs to search, {pair: why not} for those the model or the sequence cannot be split into):
+    tp x cp divides the GPUs of a node and the world (both inside one NVLink domain)."""
     degrees, refused = [], {}
     for tp in range(1, gpus_per_node + 1):
-        if gpus_per_node % tp or gpus % tp:
-            continue
-        problem = tensor_parallel_problem(model, tp, cfg.data.seq_len) if tp > 1 else ""
-        if problem:
-            refused[tp] = problem
-        else:
-            degrees.append(tp)
+        for cp in range(1, gpus_per_node // tp + 1):
+            if gpus_per_node % (tp * cp) or gpus % (tp * cp):
+                continue
+            problem = ((tensor_parallel_problem(model, tp, cfg.data.seq_len) if tp > 1 else "")
+                       or (context_parallel_problem(cp, tp, cfg.data.seq_len) if cp > 1 else ""))
+            if problem:
+                refused[(tp, cp)] = problem
+            else:
+                degrees.append((tp, cp))
     return degrees, refused
 
 
@@ -147,12 +159,12 @@ def mesh_options(dp_ranks: int) -> List[Tuple[int, int]]:
     return [(shard, dp_ranks // shard) for shard in range(dp_ranks, 0, -1) if dp_ranks % shard == 0]
 
 
-def micro_batches(cfg: TrainConfig, dp_ranks: int, tp: int) -> List[ResolvedBatch]:
+def micro_batches(cfg: TrainConfig, dp_ranks: int, tp: int, cp: int = 1) -> List[ResolvedBatch]:
     """The micro-batch sizes whose batch train.batch_policy accepts on dp_ranks ranks, smallest first."""
     train = cfg.train
     largest = math.floor(train.global_batch_size * (1 + train.batch_tolerance) / dp_ranks)
     return [resolve_global_batch(train.global_batch_size, micro, dp_ranks, train.batch_policy,
-                                 train.batch_tolerance, tp)
+                                 train.batch_tolerance, tp, cp)
             for micro in range(1, largest + 1)
             if accepted_batch(train.global_batch_size, micro, dp_ranks, train.batch_policy, train.batch_tolerance)]
 
@@ -164,10 +176,11 @@ def checkpoint_options(pattern: str) -> List[str]:
     return ["none", *subsets, "full"]
 
 
-def with_layout(cfg: TrainConfig, tp: int, shard: int, replicate: int, micro: int, checkpoint: str,
+def with_layout(cfg: TrainConfig, degree: Tuple[int, int], shard: int, replicate: int, micro: int, checkpoint: str,
                 reshard: str, grad_reduce: str, reduce_dtype: str) -> TrainConfig:
-    """cfg with the searched fields replaced."""
-    parallel = dataclasses.replace(cfg.parallel, tp=tp, dp_shard=shard, dp_replicate=replicate,
+    """cfg with the searched fields replaced (``degree``: (tp, cp))."""
+    tp, cp = degree
+    parallel = dataclasses.replace(cfg.parallel, tp=tp, cp=cp, dp_shard=shard, dp_replicate=replicate,
                                    activation_checkpoint=checkpoint, reshard=reshard, grad_reduce=grad_reduce,
                                    reduce_dtype=reduce_dtype)
     return dataclasses.replace(cfg, parallel=parallel, train=dataclasses.replace(cfg.train, micro_batch_size=micro))
@@ -176,9 +189,9 @@ def with_layout(cfg: TrainConfig, tp: int, shard: int, replicate: int, micro: in
 # ---------------------------------------------------------------------------- the search
 @dataclass
 class _Combo:
-    """One (tp, micro-batch, checkpointing) with its lean plan and the bound of its seconds per token."""
+    """One ((tp, cp), micro-batch, checkpointing) with its lean plan and the bound of its seconds per token."""
 
-    tp: int
+    degree: Tuple[int, int]
     micro: int
     checkpoint: str
     bound: float
@@ -186,14 +199,17 @@ class _Combo:
 
 
 def _lower_bound(plan: RunPlan) -> float:
-    """Seconds per token no mesh or policy of this (tp, micro, checkpointing) beats: the lean plan's compute
-    (its optimizer over the largest shard group) and TP communication (replicated gradients at that shard)."""
-    return (plan.time.compute + plan.time.parts.get("tensor-parallel communication", 0.0)) / plan.tokens_per_step
+    """Seconds per token no mesh or policy of this (tp, cp, micro, checkpointing) beats: the lean plan's compute
+    (its optimizer over the largest shard group), TP communication (replicated gradients at that shard) and CP
+    communication."""
+    parts = plan.time.parts
+    return (plan.time.compute + parts.get("tensor-parallel communication", 0.0)
+            + parts.get("context-parallel communication", 0.0)) / plan.tokens_per_step
 
 
 def _preference(plan: RunPlan) -> tuple:
     layout = plan.layout
-    return (layout.batch.adjusted, layout.reduce_dtype != "float32", layout.tp, plan.seconds_per_token)
+    return (layout.batch.adjusted, layout.reduce_dtype != "float32", layout.tp, layout.cp, plan.seconds_per_token)
 
 
 class _Search:
@@ -208,18 +224,18 @@ class _Search:
         """The first refusal of a layout the batch policy accepts (parallel.fsdp=off on many ranks, ...)."""
         self.considered = 0
 
-    def plan(self, tp, shard, replicate, micro, checkpoint, policy) -> Optional[RunPlan]:
-        candidate = with_layout(self.cfg, tp, shard, replicate, micro, checkpoint, *policy)
+    def plan(self, degree, shard, replicate, micro, checkpoint, policy) -> Optional[RunPlan]:
+        candidate = with_layout(self.cfg, degree, shard, replicate, micro, checkpoint, *policy)
         try:
             return plan_run(candidate, self.gpu, self.gpus, self.node, self.budget, self.model)
         except ConfigError:
             return None
 
-    def lean_plan(self, tp, dp, micro, checkpoint) -> Optional[RunPlan]:
-        """The least-memory plan of this (tp, micro-batch, checkpointing), planned in full only if it fits."""
+    def lean_plan(self, degree, dp, micro, checkpoint) -> Optional[RunPlan]:
+        """The least-memory plan of this ((tp, cp), micro-batch, checkpointing), planned in full only if it fits."""
         lean = None
-        for policy in LEAN_POLICIES[: 2 if dp == 1 else 1]:
-            candidate = with_layout(self.cfg, tp, dp, 1, micro, checkpoint, *policy)
+        for policy in LEAN_POLICIES[: 2 if dp * degree[1] == 1 else 1]:
+            candidate = with_layout(self.cfg, degree, dp, 1, micro, checkpoint, *policy)
             try:
                 layout = resolve_layout(candidate, self.gpu, self.gpus, self.node, model=self.model)
             except ConfigError as error:
@@ -236,26 +252,27 @@ class _Search:
             return None
         return plan_run(lean[1], self.gpu, self.gpus, self.node, self.budget, self.model)
 
-    def combos(self, tp: int, checkpoints: List[str]) -> List[_Combo]:
-        dp = self.gpus // tp
+    def combos(self, degree: Tuple[int, int], checkpoints: List[str]) -> List[_Combo]:
+        tp, cp = degree
+        dp = self.gpus // (tp * cp)
         mode = {"True": "on", "False": "off", "true": "on", "false": "off"}.get(str(self.cfg.parallel.fsdp),
                                                                                self.cfg.parallel.fsdp)
         meshes = mesh_options(dp) if mode == "on" or (mode == "auto" and self.gpus > 1) else [(1, 1)]
         out = []
-        for batch in micro_batches(self.cfg, dp, tp):
+        for batch in micro_batches(self.cfg, dp, tp, cp):
             fitted = False
             for checkpoint in checkpoints:
-                lean = self.lean_plan(tp, dp, batch.micro_batch, checkpoint)
+                lean = self.lean_plan(degree, dp, batch.micro_batch, checkpoint)
                 if lean is not None:
                     fitted = True
-                    out.append(_Combo(tp, batch.micro_batch, checkpoint, _lower_bound(lean), meshes))
+                    out.append(_Combo(degree, batch.micro_batch, checkpoint, _lower_bound(lean), meshes))
             if not fitted:
                 break  # larger micro-batches only need more memory
         return out
 
     def evaluate(self, combo: _Combo) -> None:
         for (shard, replicate), policy in itertools.product(combo.meshes, POLICIES):
-            plan = self.plan(combo.tp, shard, replicate, combo.micro, combo.checkpoint, policy)
+            plan = self.plan(combo.degree, shard, replicate, combo.micro, combo.checkpoint, policy)
             self.considered += 1
             if plan is not None and plan.fits:
                 self.fitting.append(plan)
@@ -263,9 +280,9 @@ class _Search:
     def best_seconds_per_token(self) -> float:
         return min((p.seconds_per_token for p in self.fitting), default=math.inf)
 
-    def run(self, degrees: List[int]) -> List[_Combo]:
+    def run(self, degrees: List[Tuple[int, int]]) -> List[_Combo]:
         checkpoints = checkpoint_options(self.model.pattern)
-        combos = sorted((c for tp in degrees for c in self.combos(tp, checkpoints)), key=lambda c: c.bound)
+        combos = sorted((c for degree in degrees for c in self.combos(degree, checkpoints)), key=lambda c: c.bound)
         for combo in combos:
             if combo.bound > self.best_seconds_per_token() * (1 + TIE_TOLERANCE):
                 break
@@ -283,15 +300,16 @@ def _distinct(plans: List[RunPlan]) -> List[RunPlan]:
     return out
 
 
-def _batch_refusal(cfg: TrainConfig, gpus: int, degrees: List[int]) -> str:
-    """Why no TP degree runs the batch: the tp=1 (or smallest) refusal, naming the degrees tried."""
-    tp = degrees[0] if degrees else 1
+def _batch_refusal(cfg: TrainConfig, gpus: int, degrees: List[Tuple[int, int]]) -> str:
+    """Why no (tp, cp) runs the batch: the tp=1 (or smallest) refusal, naming the degrees tried."""
+    tp, cp = degrees[0] if degrees else (1, 1)
     train = cfg.train
     try:
-        resolve_global_batch(train.global_batch_size, train.micro_batch_size, gpus // tp, train.batch_policy,
-                             train.batch_tolerance, tp)
+        resolve_global_batch(train.global_batch_size, train.micro_batch_size, gpus // (tp * cp), train.batch_policy,
+                             train.batch_tolerance, tp, cp)
     except ConfigError as error:
-        return f"parallel=auto: no micro-batch at parallel.tp in {degrees} runs it either; {error}"
+        tried = sorted({degree[0] for degree in degrees})
+        return f"parallel=auto: no micro-batch at parallel.tp in {tried} (with any parallel.cp) runs it either; {error}"
     return f"parallel=auto: no layout on {gpus} GPUs runs train.global_batch_size ({train.global_batch_size})"
 
 
@@ -307,10 +325,10 @@ def choose_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Opti
     degrees, refused = tp_degrees(cfg, model, gpus, node)
     search = _Search(cfg, gpu, gpus, node, token_budget, model)
     combos = search.run(degrees)
-    for tp in degrees:
-        if not micro_batches(cfg, gpus // tp, tp):
-            refused[tp] = (f"no micro-batch gives a batch train.batch_policy={cfg.train.batch_policy} accepts on "
-                           f"{gpus // tp} data-parallel ranks")
+    for tp, cp in degrees:
+        if not micro_batches(cfg, gpus // (tp * cp), tp, cp):
+            refused[(tp, cp)] = (f"no micro-batch gives a batch train.batch_policy={cfg.train.batch_policy} accepts "
+                                 f"on {gpus // (tp * cp)} data-parallel ranks")
     if search.leanest is None:
         if search.first_error is not None:  # the batch runs, the layout fields do not
             raise search.first_error
@@ -325,11 +343,12 @@ def choose_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Opti
     chosen = min(ties, key=_preference)
     mine = layout_overrides(chosen.config)
     others = [p for p in _distinct(ranked) if layout_overrides(p.config) != mine]
-    best_per_tp = {tp: next((p for p in ranked if p.layout.tp == tp), None) for tp in degrees if tp not in refused}
-    best_per_tp[chosen.layout.tp] = chosen
+    best_per_tp = {degree: next((p for p in ranked if (p.layout.tp, p.layout.cp) == degree), None)
+                   for degree in degrees if degree not in refused}
+    best_per_tp[(chosen.layout.tp, chosen.layout.cp)] = chosen
     bounds = {}
     for combo in combos:
-        bounds[combo.tp] = min(bounds.get(combo.tp, math.inf), combo.bound)
+        bounds[combo.degree] = min(bounds.get(combo.degree, math.inf), combo.bound)
     return AutoChoice(_keep_auto(cfg, chosen.config), chosen, others[:RUNNERS_UP], best_per_tp, refused, bounds,
                       search.considered)
 

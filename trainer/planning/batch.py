@@ -1,6 +1,7 @@
 """The global batch a layout runs: the configured one, the nearest one it can run, or a refusal.
 
-A step trains ``micro_batch x dp_ranks x accumulation`` sequences (dp_ranks = world size / parallel.tp),
+A step trains ``micro_batch x dp_ranks x accumulation`` sequences (dp_ranks = world size / (parallel.tp x
+parallel.cp): the tp and cp ranks of a group train the same sequences),
 so a layout runs only multiples of ``q = micro_batch x dp_ranks``. For the configured batch B:
 
     B % q == 0                    runs the configured B (accumulation B / q), whatever the policy
@@ -9,7 +10,7 @@ so a layout runs only multiples of ``q = micro_batch x dp_ranks``. For the confi
     train.batch_policy=exact      refused
 
 A refusal is a ``ConfigError`` of one line naming train.global_batch_size and train.batch_policy, with
-the GPU counts that run the configured batch at this micro-batch and tensor-parallel degree. The trainer and the planner
+the GPU counts that run the configured batch at this micro-batch and tensor- and context-parallel degree. The trainer and the planner
 (layout, preflight, parallel=auto) call ``resolve_batch`` alike, so both accept and refuse the same
 launches with the same message.
 """
@@ -63,7 +64,8 @@ class ResolvedBatch:
 
 
 def gpu_counts_for_batch(batch: int, micro_batch: int, tp: int = 1, limit: int = MAX_LISTED_GPUS) -> List[int]:
-    """GPU counts (tp x data-parallel ranks, up to ``limit``) that run ``batch`` exactly at this micro-batch."""
+    """GPU counts (``tp`` GPUs per data-parallel rank, tp x cp, x data-parallel ranks, up to ``limit``) that run
+    ``batch`` exactly at this micro-batch."""
     if batch % micro_batch:
         return []
     per_micro = batch // micro_batch
@@ -91,19 +93,20 @@ def accepted_batch(configured: int, micro_batch: int, dp_ranks: int, policy: str
     return nearest if abs(nearest - configured) / configured <= tolerance else None
 
 
-def _runs_it(batch: int, micro_batch: int, tp: int) -> str:
-    counts = gpu_counts_for_batch(batch, micro_batch, tp)
+def _runs_it(batch: int, micro_batch: int, tp: int, cp: int = 1) -> str:
+    counts = gpu_counts_for_batch(batch, micro_batch, tp * cp)
     shown = ", ".join(str(count) for count in counts) if counts else "none"
-    return f"GPU counts that run {batch} at micro-batch {micro_batch} and tp {tp}: {shown}"
+    degrees = f"tp {tp}" if cp == 1 else f"tp {tp} x cp {cp}"
+    return f"GPU counts that run {batch} at micro-batch {micro_batch} and {degrees}: {shown}"
 
 
 def resolve_global_batch(configured: int, micro_batch: int, dp_ranks: int, policy: str = "nearest",
-                         tolerance: float = 0.05, tp: int = 1) -> ResolvedBatch:
+                         tolerance: float = 0.05, tp: int = 1, cp: int = 1) -> ResolvedBatch:
     """The batch ``dp_ranks`` ranks of ``micro_batch`` sequences run for ``configured`` (module docstring)."""
     if dp_ranks < 1 or micro_batch < 1:
         raise ValueError(f"dp_ranks and micro_batch must be >= 1, got {dp_ranks} and {micro_batch}")
     per_micro_step = micro_batch * dp_ranks
-    gpus = dp_ranks * tp
+    gpus = dp_ranks * tp * cp
     if configured % per_micro_step == 0:
         return ResolvedBatch(configured, configured, micro_batch, dp_ranks, configured // per_micro_step, policy)
     nearest = nearest_multiple(configured, per_micro_step)
@@ -112,7 +115,7 @@ def resolve_global_batch(configured: int, micro_batch: int, dp_ranks: int, polic
         raise ConfigError(
             f"train.global_batch_size ({configured}) must be a multiple of train.micro_batch_size ({micro_batch}) x "
             f"data-parallel ranks ({dp_ranks}) with train.batch_policy=exact (nearest would run {nearest}, "
-            f"{100 * away:.1f}% away); {_runs_it(configured, micro_batch, tp)}")
+            f"{100 * away:.1f}% away); {_runs_it(configured, micro_batch, tp, cp)}")
     if policy != "nearest":
         raise ConfigError(f"train.batch_policy must be 'nearest' or 'exact', got {policy!r}")
     if away > tolerance:
@@ -120,18 +123,20 @@ def resolve_global_batch(configured: int, micro_batch: int, dp_ranks: int, polic
             f"train.global_batch_size ({configured}) cannot run on {gpus} GPUs: train.micro_batch_size ({micro_batch}) "
             f"x data-parallel ranks ({dp_ranks}) runs multiples of {per_micro_step}, the nearest ({nearest}) is "
             f"{100 * away:.1f}% away, beyond train.batch_tolerance ({tolerance:g}) of train.batch_policy=nearest; "
-            f"{_runs_it(configured, micro_batch, tp)}")
+            f"{_runs_it(configured, micro_batch, tp, cp)}")
     return ResolvedBatch(configured, nearest, micro_batch, dp_ranks, nearest // per_micro_step, policy)
 
 
 def resolve_batch(cfg, world_size: int) -> ResolvedBatch:
-    """The batch ``cfg`` runs on ``world_size`` ranks (data-parallel ranks = world_size / parallel.tp).
+    """The batch ``cfg`` runs on ``world_size`` ranks (data-parallel ranks = world_size / (parallel.tp x parallel.cp)).
 
     What the trainer calls at start (and the planner for every layout); ConfigError when it is refused.
     """
-    tp = cfg.parallel.tp
+    tp, cp = cfg.parallel.tp, cfg.parallel.cp
     if world_size % tp:
         raise ConfigError(f"parallel.tp ({tp}) must divide the world size ({world_size})")
+    if world_size % (tp * cp):
+        raise ConfigError(f"parallel.tp ({tp}) x parallel.cp ({cp}) must divide the world size ({world_size})")
     train = cfg.train
-    return resolve_global_batch(train.global_batch_size, train.micro_batch_size, world_size // tp,
-                                train.batch_policy, train.batch_tolerance, tp)
+    return resolve_global_batch(train.global_batch_size, train.micro_batch_size, world_size // (tp * cp),
+                                train.batch_policy, train.batch_tolerance, tp, cp)

@@ -66,6 +66,17 @@ h hidden), per block and micro-batch, not overlapped with compute (but for the f
                                      buffer of their FSDP-sharded local tensors (n = sum of padded / S;
                                      trainer.tensor_parallel.reduce_tp_replicated_grads)
 
+Context parallelism (parallel.cp = C > 1; models/context_parallel.py), per micro-batch, not overlapped, B
+sequences of L tokens, each rank's heads and channels (1/T of them under TP):
+
+    all_gather over cp   c C B (K-1) ch        each Mamba layer: the last K-1 tokens of the conv's input
+                                               (ch its channels, d + 2 G N), forward (again in a
+                                               recomputing block); reduce_scatter of the same: backward
+    all_gather over cp   4 C B H (P N + 1)     each Mamba layer: the piece's SSD end state and log decay
+                                               (FP32), forward (again when recomputing); reduce_scatter: backward
+    all_gather over cp   c 2 B Hkv L hd        each attention layer: K and V of every piece, forward (again
+                                               when recomputing); reduce_scatter: backward
+
 Scalars, once a step, marked ``scalar`` (latency only): the loss's mean over the world (4 bytes,
 trainer.distributed.all_reduce_mean), the gradient norm's reduction: torch's clip_grad_norm_ stacks one
 partial norm per parameter tensor and the DTensor's full_tensor all-reduces them over each mesh dimension
@@ -76,12 +87,16 @@ trainer.guards.PreemptionFlag). Evaluation and checkpoint collectives are not pe
 Seconds of one call (``call_seconds``), an alpha-beta model of NCCL's ring (all-gather, reduce-scatter)
 and tree (all-reduce) algorithms on a group of n ranks spanning k nodes (m of its ranks in a node):
 
-    bandwidth  B = NVLink per GPU if k = 1, else the network (InfiniBand) per GPU; x Efficiency.network
-    ring       (n - 1)/n x bytes / B + BASE_LATENCY + (n - k) x HOP[nvlink] + (k if k > 1) x HOP[network]
-    tree       2 (n - 1)/n x bytes / B + BASE_LATENCY + 2 (ceil(log2 m) x HOP[nvlink] + ceil(log2 k) x HOP[network])
+    bandwidth  B = NVLink per GPU if k = 1, else min(NVLink, m x the network (InfiniBand) per GPU): NCCL runs
+               one ring (channel) per NIC, each crossing every node boundary once, so the m ranks of a node
+               move the data over m NICs at once (rail-optimised nodes; m = 1 is one NIC); x Efficiency.network
+    transfer   (n - 1)/n x bytes / B for a ring, twice that for a tree
+    ring       transfer + BASE_LATENCY + (n - k) x HOP[nvlink] + (k if k > 1) x HOP[network]
+    tree       transfer + BASE_LATENCY + 2 (ceil(log2 m) x HOP[nvlink] + ceil(log2 k) x HOP[network])
 
 A group of one rank costs nothing. The link of a group follows from the mesh order (dp_replicate, dp_shard,
-tp; tp innermost): a dp_shard group spans S x T consecutive ranks, a dp_replicate group strides over them.
+cp, tp; tp innermost): a cp group strides over T ranks, a dp_shard group (FSDP's dp_shard x cp) spans S x T
+consecutive ranks, a dp_replicate group strides over them.
 """
 
 from __future__ import annotations
@@ -99,7 +114,7 @@ from trainer.planning.layout import (RunLayout, memoized, quantized_input_gather
 from trainer.planning.parameters import COLUMN_PARALLEL, HEAD, UnitSize, fsdp_units, unit_sizes
 
 ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
-DP_SHARD, DP_REPLICATE, TP, WORLD = "dp_shard", "dp_replicate", "tp", "world"
+DP_SHARD, DP_REPLICATE, TP, CP, WORLD = "dp_shard", "dp_replicate", "tp", "cp", "world"
 DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
 
 BASE_LATENCY_S = 5e-6
@@ -118,7 +133,7 @@ class Collective:
     op: str
     """'all_gather', 'reduce_scatter' or 'all_reduce'."""
     mesh_dim: str
-    """'dp_shard', 'dp_replicate', 'tp' or 'world'."""
+    """'dp_shard', 'dp_replicate', 'cp', 'tp' or 'world'."""
     group_size: int
     bytes_per_call: int
     calls_per_step: int
@@ -284,6 +299,35 @@ def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     return out
 
 
+def cp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
+    """What crosses a context-parallel piece boundary (module docstring): per Mamba layer its conv halo and SSD
+    state, per attention layer K and V; forward all-gathers (again in a recomputing block), backward
+    reduce-scatters."""
+    C, T, A, B = layout.cp, layout.tp, layout.accumulation, layout.micro_batch
+    if C == 1:
+        return []
+    compute, c = DTYPE_NAMES.get(layout.compute_bytes, "float16"), layout.compute_bytes
+    out = []
+
+    def both(bytes_per_call: int, symbol: str, dtype: str, what: str) -> None:
+        layers = model.pattern.count(symbol)
+        if not layers:
+            return
+        forwards = layers * (2 if symbol in layout.checkpointed else 1)
+        out.append(Collective(ALL_GATHER, CP, C, bytes_per_call, A * forwards, dtype, f"context-parallel {what}"))
+        out.append(Collective(REDUCE_SCATTER, CP, C, bytes_per_call, A * layers, dtype,
+                              f"context-parallel {what} (gradient)"))
+
+    channels = (model.mamba_inner_size + 2 * model.mamba_num_groups * model.ssm_state_size) // T
+    heads = model.mamba_num_heads // T
+    both(c * C * B * (model.conv_kernel - 1) * channels, "M", compute, "Mamba conv halo (last K-1 tokens)")
+    both(4 * C * B * heads * (model.mamba_head_dim * model.ssm_state_size + 1), "M", "float32",
+         "Mamba SSD end state and log decay")
+    both(c * 2 * B * model.num_key_value_heads // T * layout.seq_len * model.attention_head_dim, "*", compute,
+         "attention K and V")
+    return out
+
+
 def scalar_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     """The loss's mean, the gradient norm's reduction and the preemption flag, once a step."""
     if layout.gpus == 1:
@@ -301,14 +345,15 @@ def scalar_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective
 
 def step_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     """Every collective one rank issues in one optimizer step (module docstring)."""
-    return fsdp_collectives(model, layout) + tp_collectives(model, layout) + scalar_collectives(model, layout)
+    return (fsdp_collectives(model, layout) + tp_collectives(model, layout) + cp_collectives(model, layout)
+            + scalar_collectives(model, layout))
 
 
 # ---------------------------------------------------------------------------- seconds on the links
 def group_span(layout: RunLayout, mesh_dim: str, group_size: int) -> Tuple[int, int]:
     """(ranks of the group in one node m, nodes the group spans k) from the mesh order."""
     node = max(1, min(layout.gpus_per_node, layout.gpu.nvlink_domain)) if layout.gpu.nvlink_bytes_per_s > 0 else 1
-    stride = {TP: 1, DP_SHARD: layout.tp, DP_REPLICATE: layout.shard * layout.tp, WORLD: 1}[mesh_dim]
+    stride = {TP: 1, CP: layout.tp, DP_SHARD: layout.tp, DP_REPLICATE: layout.shard * layout.tp, WORLD: 1}[mesh_dim]
     in_node = max(1, min(group_size, node // stride)) if stride <= node else 1
     return in_node, math.ceil(group_size / in_node)
 
@@ -320,20 +365,26 @@ def call_seconds(collective: Collective, layout: RunLayout, network_efficiency: 
         return 0.0
     gpu = layout.gpu
     m, k = group_span(layout, collective.mesh_dim, n)
-    bandwidth = (gpu.nvlink_bytes_per_s if k == 1 else gpu.network_bytes_per_s) * network_efficiency
+    # Across nodes NCCL runs one ring (channel) per NIC: each crosses every node boundary once, so the m ranks of
+    # a node move the data over m NICs at once, and NVLink inside the node bounds it too.
+    across = m * gpu.network_bytes_per_s
+    bandwidth = (gpu.nvlink_bytes_per_s if k == 1
+                 else min(gpu.nvlink_bytes_per_s, across) if gpu.nvlink_bytes_per_s else across) * network_efficiency
+    passes = 2 if collective.op == ALL_REDUCE else 1  # a tree all-reduce: reduce, then broadcast
+    transfer = passes * (n - 1) / n * collective.bytes_per_call / bandwidth
     if collective.op == ALL_REDUCE:
-        moved = 2 * (n - 1) / n * collective.bytes_per_call
         levels = (math.ceil(math.log2(m)), math.ceil(math.log2(k)))
         hops = 2 * (levels[0] * HOP_LATENCY_S["nvlink"] + levels[1] * HOP_LATENCY_S["network"])
     else:
-        moved = (n - 1) / n * collective.bytes_per_call
         hops = (n - k) * HOP_LATENCY_S["nvlink"] + (k * HOP_LATENCY_S["network"] if k > 1 else 0.0)
-    return moved / bandwidth + BASE_LATENCY_S + hops
+    return transfer + BASE_LATENCY_S + hops
 
 
 def kind_of(collective: Collective) -> str:
-    """'overlapped' (FSDP/HSDP), 'tensor parallel' or 'scalars' (neither overlapped)."""
-    return "overlapped" if collective.overlapped else "tensor parallel" if collective.mesh_dim == TP else "scalars"
+    """'overlapped' (FSDP/HSDP), 'tensor parallel', 'context parallel' or 'scalars' (none of those overlapped)."""
+    if collective.overlapped:
+        return "overlapped"
+    return {TP: "tensor parallel", CP: "context parallel"}.get(collective.mesh_dim, "scalars")
 
 
 def seconds_by_kind(collectives: List[Collective], layout: RunLayout, network_efficiency: float) -> Dict[str, float]:
@@ -342,7 +393,7 @@ def seconds_by_kind(collectives: List[Collective], layout: RunLayout, network_ef
     for c in collectives:  # many units share their sizes: each distinct call is timed once
         key = (kind_of(c), c.op, c.mesh_dim, c.group_size, c.bytes_per_call)
         calls[key] = calls.get(key, 0) + c.calls_per_step
-    out = {"overlapped": 0.0, "tensor parallel": 0.0, "scalars": 0.0}
+    out = {"overlapped": 0.0, "tensor parallel": 0.0, "context parallel": 0.0, "scalars": 0.0}
     for (kind, op, mesh_dim, group, size), count in calls.items():
         out[kind] += count * call_seconds(Collective(op, mesh_dim, group, size, 1, "", ""), layout, network_efficiency)
     return out

@@ -1,10 +1,10 @@
 """How a run spreads over its devices, resolved from the config alone: what the memory and time models read.
 
 `resolve_layout(cfg, gpu, gpus, gpus_per_node)` applies the trainer's own rules without a process
-group. The mesh is ``dp_replicate x dp_shard x tp`` with tp innermost (a TP group is ``tp`` consecutive
-ranks inside one node); data-parallel ranks = world size / parallel.tp, over which parallel.dp_shard and
-parallel.dp_replicate split as `trainer.distributed.build_mesh` splits the world without TP (dp_shard -1:
-all data-parallel ranks, or dp ranks / dp_replicate). Also: FSDP2 on or off (`parallel.fsdp`), when FSDP2
+group. The mesh is ``dp_replicate x dp_shard x cp x tp`` with tp innermost (a TP group is ``tp`` consecutive
+ranks inside one node) and cp next; data-parallel ranks = world size / (parallel.tp x parallel.cp), over which
+parallel.dp_shard and parallel.dp_replicate split as `trainer.distributed.build_mesh` splits them (dp_shard
+-1: all data-parallel ranks, or dp ranks / dp_replicate), and FSDP2 shards over dp_shard x cp. Also: FSDP2 on or off (`parallel.fsdp`), when FSDP2
 re-gathers parameters and reduces gradients (`parallel.reshard`, `parallel.grad_reduce`), the batch
 actually run and its accumulation (`trainer.planning.batch.resolve_batch`: train.batch_policy), the compute
 and residual dtypes (`distributed.resolve_dtype`: bf16 on a GPU, fp32 on the CPU), which blocks recompute
@@ -24,7 +24,7 @@ from trainer.hardware import GpuSpec
 from trainer.planning.batch import ResolvedBatch, resolve_batch
 from trainer.planning.gemm_costs import FORMAT_COSTS, RECIPE_FORMATS, costs_for_recipe, recipe_gemm_formats
 from trainer.planning.tensor_parallel import quantized_split_problem
-from trainer.validate import ConfigError, tensor_parallel_problem
+from trainer.validate import ConfigError, context_parallel_problem, tensor_parallel_problem
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -40,7 +40,7 @@ class RunLayout:
     """GPUs of one node (the NVLink domain an HSDP shard group should sit in)."""
     fsdp: bool
     shard: int
-    """FSDP2 shard group size (1 without FSDP)."""
+    """FSDP2 shard group size, parallel.dp_shard x parallel.cp (1 without FSDP)."""
     replicate: int
     """HSDP replicas (1: plain FSDP)."""
     micro_batch: int
@@ -64,6 +64,9 @@ class RunLayout:
     """Linear name -> {fprop|dgrad|wgrad: cost-model format or 'bf16'}, as the precision pass plans it."""
     tp: int = 1
     """Tensor-parallel degree (parallel.tp): the innermost mesh dimension, inside one node."""
+    cp: int = 1
+    """Context-parallel degree (parallel.cp): each sequence's tokens split over this many ranks (the next mesh
+    dimension out from tp)."""
     reshard: str = "per_micro_batch"
     """parallel.reshard: FSDP2 gathers each unit in every micro-batch's forward and backward, or once a step."""
     grad_reduce: str = "per_step"
@@ -87,12 +90,13 @@ class RunLayout:
 
     @property
     def tokens_per_micro_batch(self) -> int:
-        return self.micro_batch * self.seq_len
+        """Tokens of a micro-batch on one context-parallel rank (its TP group's): micro_batch x seq_len / cp."""
+        return self.micro_batch * self.seq_len // self.cp
 
     @property
     def dp_ranks(self) -> int:
-        """Data-parallel ranks: world size / tp (= shard x replicate under FSDP)."""
-        return self.gpus // self.tp
+        """Data-parallel ranks: world size / (tp x cp) (= shard x replicate / cp under FSDP)."""
+        return self.gpus // (self.tp * self.cp)
 
     @property
     def global_batch(self) -> int:
@@ -102,7 +106,7 @@ class RunLayout:
     def work_key(self, checkpointing: bool = True, micro_batch: bool = True) -> tuple:
         """What a micro-batch's work and saved activations depend on besides the model (a cache key; the
         formats by identity: gemm_formats returns one dict per model and recipe)."""
-        return (self.tp, self.micro_batch if micro_batch else None, self.seq_len,
+        return (self.tp, self.cp, self.micro_batch if micro_batch else None, self.seq_len,
                 self.checkpointed if checkpointing else None,
                 self.compute_bytes, self.residual_bytes, self.backend, self.compiled, self.fsdp, self.weight_reused,
                 self.saves_quantized_input, self.gathers_quantized_input, id(self.gemm_formats))
@@ -119,7 +123,8 @@ def _config_error(message: str) -> ConfigError:
 def mesh_sizes(cfg: TrainConfig, gpus: int) -> tuple[bool, int, int]:
     """(FSDP on, shard size, replicas) as trainer.distributed decides them at this world size.
 
-    Shard x replicas = data-parallel ranks = gpus / parallel.tp.
+    Shard x replicas = gpus / parallel.tp: the shard group is dp_shard x cp (the cp ranks hold the same
+    parameters), the replicas dp_replicate; data-parallel ranks = gpus / (tp x cp).
     """
     parallel = cfg.parallel
     fsdp_mode = {"True": "on", "False": "off", "true": "on", "false": "off"}.get(str(parallel.fsdp), parallel.fsdp)
@@ -130,7 +135,7 @@ def mesh_sizes(cfg: TrainConfig, gpus: int) -> tuple[bool, int, int]:
     fsdp = fsdp_mode == "on" or (fsdp_mode == "auto" and gpus > 1)
     if not fsdp:
         return False, 1, 1
-    ranks = gpus // parallel.tp
+    ranks = gpus // (parallel.tp * parallel.cp)
     if parallel.dp_replicate > 0:
         replicate = parallel.dp_replicate
         shard = parallel.dp_shard if parallel.dp_shard > 0 else ranks // replicate
@@ -141,8 +146,9 @@ def mesh_sizes(cfg: TrainConfig, gpus: int) -> tuple[bool, int, int]:
         raise _config_error("parallel.dp_replicate=-1 needs a positive parallel.dp_shard (e.g. GPUs per node)")
     if replicate * shard != ranks:
         raise _config_error(f"parallel.dp_replicate ({replicate}) x parallel.dp_shard ({shard}) must equal the "
-                            f"data-parallel ranks ({ranks} = world size {gpus} / parallel.tp {parallel.tp})")
-    return True, shard, replicate
+                            f"data-parallel ranks ({ranks} = world size {gpus} / (parallel.tp {parallel.tp} x "
+                            f"parallel.cp {parallel.cp}))")
+    return True, shard * parallel.cp, replicate
 
 
 _SPLIT_CACHE: Dict[tuple, str] = {}
@@ -157,8 +163,15 @@ def _split_problem(model: ModelConfig, precision, tp: int) -> str:
 
 
 def check_tensor_parallel(cfg: TrainConfig, model: ModelConfig, gpus: int, gpus_per_node: int) -> None:
-    """ConfigError unless parallel.tp divides the world, fits in one node and splits the model evenly."""
-    tp = cfg.parallel.tp
+    """ConfigError unless parallel.tp divides the world, fits in one node and splits the model evenly, and
+    parallel.cp splits the sequence (trainer.validate.context_parallel_problem) with tp x cp dividing the world."""
+    tp, cp = cfg.parallel.tp, cfg.parallel.cp
+    if cp > 1:
+        if gpus % (tp * cp):
+            raise _config_error(f"parallel.tp ({tp}) x parallel.cp ({cp}) must divide the world size ({gpus})")
+        problem = context_parallel_problem(cp, tp, cfg.data.seq_len)
+        if problem:
+            raise _config_error(f"parallel.cp={cp}: {problem}")
     if tp == 1:
         return
     if gpus % tp:
@@ -325,7 +338,8 @@ def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Opt
         compiled=cfg.parallel.compile, cuda_graph=cfg.parallel.cuda_graph, backend=backend,
         saves_quantized_input=_saves_quantized_input(cfg, backend),
         gathers_quantized_input=cfg.parallel.tp > 1 and backend == "native" and not _saves_quantized_input(cfg, backend),
-        gemm_formats=gemm_formats(model, cfg.precision), tp=cfg.parallel.tp, reshard=cfg.parallel.reshard,
+        gemm_formats=gemm_formats(model, cfg.precision), tp=cfg.parallel.tp, cp=cfg.parallel.cp,
+        reshard=cfg.parallel.reshard,
         grad_reduce=cfg.parallel.grad_reduce, batch=batch, reduce_dtype=cfg.parallel.reduce_dtype,
         weight_reused=costs_for_recipe(cfg.precision)[RECIPE_FORMATS[cfg.precision.format]].weight_transpose_invariant,
     )

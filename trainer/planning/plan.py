@@ -70,8 +70,9 @@ def format_duration(seconds: float) -> str:
 
 
 def describe_layout(layout: RunLayout) -> str:
-    """'tp 8 x FSDP 4 x HSDP 64 (micro-batch 1, accumulation 3, AC M*-, reshard per_step, grads per_step fp32)'."""
-    mesh = [f"tp {layout.tp}"] if layout.tp > 1 else []
+    """'tp 8 x cp 2 x FSDP 4 x HSDP 64 (micro-batch 1, accumulation 3, AC M*-, reshard per_step, grads per_step
+    fp32)' (FSDP's shard group counts the cp ranks)."""
+    mesh = [f"{name} {size}" for name, size in (("tp", layout.tp), ("cp", layout.cp)) if size > 1]
     if layout.fsdp:
         mesh.append(f"FSDP {layout.shard}")
         if layout.replicate > 1:
@@ -86,7 +87,7 @@ def describe_layout(layout: RunLayout) -> str:
 
 def short_layout(layout: RunLayout) -> str:
     """'tp 8, FSDP 32 x HSDP 8, micro 3 x 1, AC none, gather per micro-batch, reduce per step bf16' (tables)."""
-    mesh = ([f"tp {layout.tp}"] if layout.tp > 1 else []) + (
+    mesh = [f"{name} {size}" for name, size in (("tp", layout.tp), ("cp", layout.cp)) if size > 1] + (
         [f"FSDP {layout.shard}" + (f" x HSDP {layout.replicate}" if layout.replicate > 1 else "")] if layout.fsdp
         else ["no FSDP"])
     words = [", ".join(mesh), f"micro {layout.micro_batch} x {layout.accumulation}",
@@ -196,7 +197,7 @@ class RunPlan:
             "overheads_s": dict(self.overheads),
             "layout": {
                 "auto": bool(self.config.parallel.auto) if self.config is not None else False,
-                "tp": layout.tp, "fsdp": layout.fsdp, "shard": layout.shard, "replicate": layout.replicate,
+                "tp": layout.tp, "cp": layout.cp, "fsdp": layout.fsdp, "shard": layout.shard, "replicate": layout.replicate,
                 "dp_ranks": layout.dp_ranks, "gpus_per_node": layout.gpus_per_node,
                 "micro_batch": layout.micro_batch, "seq_len": layout.seq_len,
                 "gradient_accumulation": layout.accumulation, "reshard": layout.reshard,
@@ -232,10 +233,12 @@ class RunPlan:
         parts = self.time.parts
         hidden = self.time.hidden_tensor_parallel
         overlapped = (self.time.communication - parts.get("tensor-parallel communication", 0.0) - hidden
-                      - parts.get("scalar collectives", 0.0))
+                      - parts.get("context-parallel communication", 0.0) - parts.get("scalar collectives", 0.0))
         tensor_parallel = (f"tensor-parallel collectives are not overlapped but for {format_seconds(hidden)} beside "
                            "their linears' GEMMs, scalar ones not at all" if hidden > 0 else
                            "tensor-parallel and scalar collectives are not overlapped")
+        if self.layout.cp > 1:
+            tensor_parallel += ", context-parallel ones not at all"
         lines = []
         if overlapped > 0:
             lines.append(f"  (FSDP/HSDP traffic {format_seconds(overlapped)}, overlapped with compute but for "

@@ -8,14 +8,17 @@ Per micro-batch (t tokens), each term at a stated share of the datasheet rate (`
     quantization   trainer.planning.gemm_costs.quantization_bytes / (HBM x quantization); the emulation
                    adds the pass that scales each FP32 GEMM output to BF16 (only Wgrad's when compiled:
                    torch.compile fuses Fprop's and Dgrad's into their consumers)
-    attention      the causal BMMs' FLOPs / (BF16 peak x attention)   (flash attention, recompute included)
+    attention      the causal BMMs' FLOPs / (BF16 peak x attention)   (flash attention, recompute included);
+                   under context parallelism over C ranks the last piece's queries read every key before
+                   them, (2C - 1)/C of a rank's average share, and the step waits for that rank
     SSD scan       Megatron's 3 x 7 d N FLOPs per token and layer / (BF16 peak x ssd)
                    + SSD_BYTES_PER_TOKEN_LAYER / HBM per token and Mamba layer (the chunked kernels'
                    per-token work that does not grow with d N: the small-model floor)
     elementwise    ELEMENTWISE_PASSES x the activations the blocks save (memory.block_activation_bytes)
-                   + CAST_BYTES_PER_WEIGHT per linear weight (the BF16 copy made in forward, the
-                   gradient widened to FP32) + the copy joining a scattering linear's per-sequence
-                   outputs / (HBM x memory)
+                   + the copies of the weights and their gradients (``weight_copy_bytes``: without FSDP
+                   CAST_BYTES_PER_WEIGHT per linear weight, autocast's BF16 copy and the gradient widened
+                   to FP32; under FSDP2 the copies out of each all-gather and into each reduce-scatter)
+                   + the copy joining a scattering linear's per-sequence outputs / (HBM x memory)
     loss           LOSS_BYTES_PER_LOGIT per logit / (HBM x memory)  (cast, log-softmax, its backward)
 
     micro-batch    the sum above x (1 + idle): the GPU waiting on launches between kernels
@@ -32,6 +35,8 @@ collectives list (trainer.planning.collectives.step_collectives, its seconds per
                       reduce-scatter behind its Wgrad, and in one that scatters its output, its
                       reduce-scatters a sequence at a time behind the next sequence's Fprop and dY^T's
                       gather behind its Dgrad, as much as those cover (``hidden_tp_seconds``)
+    context parallel  the conv halos, SSD states and K/V of models/context_parallel.py, not overlapped
+                      (each sits between two kernels of its mixer)
     scalars           the loss, gradient-norm and flag all-reduces, not overlapped
     FSDP / HSDP       overlapped with the step's compute and TP time (FSDP2 gathers the next unit and
                       reduces the previous one on their own streams) except what exceeds them, and the
@@ -168,7 +173,9 @@ def _each_gemm(cfg: ModelConfig, layout: RunLayout, eff: Efficiency):
     bandwidth, emulated = layout.gpu.hbm_bytes_per_s, layout.backend == "emulated"
     # These quantize their rank's tokens of X (column-parallel) or of dY (row-parallel) and gather the codes.
     gathering, scattering = quantized_input_gathers(cfg, layout), quantized_output_scatters(cfg, layout)
-    for gemm in local_training_gemms(cfg, layout.tokens_per_micro_batch, layout.seq_len, layout.tp):
+    # A context-parallel rank's piece as sequences of seq_len / cp tokens: the linears see only the token count
+    # (attention's BMMs, whose shapes the sequence length sets, are skipped here).
+    for gemm in local_training_gemms(cfg, layout.tokens_per_micro_batch, layout.seq_len // layout.cp, layout.tp):
         if gemm.kind == ATTENTION_KIND:
             continue  # flash attention: _compute_micro_batch_parts
         fmt = layout.gemm_formats.get(gemm.name, {}).get(gemm.kind, "bf16")
@@ -253,6 +260,28 @@ def _local_linear_weights(cfg: ModelConfig, layout: RunLayout) -> float:
     return (blocks + cfg.vocab_size * cfg.hidden_size) / layout.tp
 
 
+def weight_copy_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
+    """Bytes one rank moves per micro-batch copying weights and their gradients, outside the GEMMs.
+
+    Without FSDP: CAST_BYTES_PER_WEIGHT per linear weight (autocast's compute copy of the FP32 weight, the
+    gradient accumulated into FP32). Under FSDP2 the parameters arrive in the compute dtype c (cast on the
+    shard before the gather) and the gradient leaves in it; what remains, per TP-local parameter (torch's
+    _fsdp_collectives): each all-gather's copy out of the gathered buffer into the parameters (read and write
+    c), each reduction's copy of the gradients into the reduce-scatter's input (read c, write the reduce
+    dtype g), and, while grad_reduce=per_step accumulates, autograd adding each micro-batch's gradient into
+    the held one (read c twice, write c); per micro-batch: gathers 2 (reshard=per_micro_batch: forward and
+    backward) or 1/A, reductions 1 or 1/A, accumulations (A - 1)/A or 0."""
+    if not layout.fsdp:
+        return CAST_BYTES_PER_WEIGHT * _local_linear_weights(cfg, layout)
+    A, c, g = layout.accumulation, layout.compute_bytes, layout.reduce_bytes
+    gathers = 2.0 if layout.reshard == "per_micro_batch" else 1 / A
+    per_step_reduce = layout.grad_reduce == "per_step"
+    reductions = 1 / A if per_step_reduce else 1.0
+    accumulations = (A - 1) / A if per_step_reduce else 0.0
+    per_parameter = gathers * 2 * c + reductions * (c + g) + accumulations * 3 * c
+    return per_parameter * local_parameters(cfg, layout.tp)
+
+
 def _joined_pieces_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
     """Bytes copied joining a scattering linear's per-sequence outputs into the rank's [B, t, h] (read and
     written once, again in a recomputing block's forward)."""
@@ -272,7 +301,8 @@ def _compute_micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficie
 
     flops = flops_breakdown(cfg, seq)
     attention_share = 1 + (1 / 3 if "*" in recomputes else 0)  # a recomputing block repeats the forward third
-    parts["attention"] = attention_share * tokens * flops["attention"] / (peak * eff.attention) / tp
+    imbalance = (2 * layout.cp - 1) / layout.cp  # the last context-parallel piece's share of the causal work
+    parts["attention"] = imbalance * attention_share * tokens * flops["attention"] / (peak * eff.attention) / tp
     mamba_layers = cfg.pattern.count("M")
     ssd_share = 1 + (1 / 3 if "M" in recomputes else 0)
     parts["SSD scan"] = ssd_share * tokens * (flops["ssd_scan"] / (peak * eff.ssd)
@@ -284,7 +314,7 @@ def _compute_micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficie
     saved = sum(total * (1 + (1 / 3 if symbol in recomputes else 0)) for symbol, total in by_symbol.items())
     saved += layout.residual_bytes * cfg.hidden_size + cfg.hidden_size * linear_saved_input_bytes(layout, "lm_head")
     elementwise_bytes = (ELEMENTWISE_PASSES * tokens * saved / tp
-                         + CAST_BYTES_PER_WEIGHT * _local_linear_weights(cfg, layout)
+                         + (0.0 if layout.fsdp else weight_copy_bytes(cfg, layout))  # FSDP's: plan_step_time
                          + _joined_pieces_bytes(cfg, layout))
     parts["elementwise"] = elementwise_bytes / (bandwidth * eff.memory)
     parts["loss"] = tokens / tp * cfg.vocab_size * LOSS_BYTES_PER_LOGIT / (bandwidth * eff.memory)
@@ -325,6 +355,8 @@ def exposed_tail(layout: RunLayout, collectives: Sequence[Collective], eff: Effi
 def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> StepTime:
     """Seconds of one optimizer step on one GPU (module docstring: the terms and their shares)."""
     micro = micro_batch_parts(cfg, layout, eff)
+    if layout.fsdp:  # its copies depend on the policies and the accumulation, not in micro_batch_parts' cache key
+        micro["elementwise"] += weight_copy_bytes(cfg, layout) / (layout.gpu.hbm_bytes_per_s * eff.memory)
     idle_share = eff.graphed_idle if layout.cuda_graph else eff.idle
     parts = {name: seconds * layout.accumulation for name, seconds in micro.items()}
     parts["idle between kernels"] = sum(micro.values()) * idle_share * layout.accumulation
@@ -339,12 +371,14 @@ def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_C
              gpu.network_bytes_per_s, layout.gpus_per_node)
     hidden = layout.accumulation * memoized(_MICRO_CACHE, cfg, layout, lambda: hidden_tp_seconds(cfg, layout, eff),
                                             "hidden tp", eff, links)
-    waited = kinds["tensor parallel"] - hidden + kinds["scalars"]
+    waited = kinds["tensor parallel"] - hidden + kinds["context parallel"] + kinds["scalars"]
     block = sum(micro.values()) * (1 + idle_share) / len(cfg.pattern)
     tail = exposed_tail(layout, collectives, eff, block) if kinds["overlapped"] else 0.0
     hidden_behind = compute + waited
     exposed_dp = tail + max(0.0, kinds["overlapped"] - tail - hidden_behind)
     parts["tensor-parallel communication"] = kinds["tensor parallel"] - hidden
+    if layout.cp > 1:
+        parts["context-parallel communication"] = kinds["context parallel"]
     parts["scalar collectives"] = kinds["scalars"]
     parts["communication (exposed)"] = exposed_dp
     return StepTime(parts=parts, compute=compute, communication=sum(kinds.values()),
