@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.plan_run", description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides, as for python -m trainer")
     parser.add_argument("--gpu", default="H200", help=f"one of {', '.join(GPUS)}, CPU (default H200)")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) in all: tp x data-parallel ranks")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) in all: tp x cp x data-parallel ranks")
     parser.add_argument("--gpus-per-node", type=int, default=None,
                         help="GPUs per node (default: the GPU's NVLink domain: 8, or 72 for GB200/GB300)")
     parser.add_argument("--tokens", type=float, default=None,

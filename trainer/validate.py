@@ -152,7 +152,7 @@ def _validate_parallel(cfg: TrainConfig) -> None:
 
             raise ConfigError(TE_UNDER_TP)
     if parallel.cp > 1:
-        problem = context_parallel_problem(parallel.cp, parallel.tp, cfg.data.seq_len)
+        problem = context_parallel_problem(parallel.cp, parallel.tp, cfg.data.seq_len, cfg.model)
         if problem:
             raise ConfigError(f"parallel.cp={parallel.cp}: {problem}")
         _require(parallel.fsdp != "off", "parallel.fsdp", parallel.fsdp, "'auto' or 'on' with parallel.cp > 1")
@@ -189,12 +189,17 @@ def tensor_parallel_problem(model, tp: int, seq_len: int) -> str:
     return ""
 
 
-def context_parallel_problem(cp: int, tp: int, seq_len: int) -> str:
+def context_parallel_problem(cp: int, tp: int, seq_len: int, model=None) -> str:
     """Why sequences of ``seq_len`` tokens cannot be split over ``cp`` context-parallel ranks ('' when they can):
-    each rank takes seq_len / cp consecutive tokens, and under tensor parallelism its tp ranks split that
-    piece again (sequence parallelism)."""
+    each rank takes seq_len / cp consecutive tokens, at least the K-1 tokens a Mamba conv of ``model`` passes
+    to the next piece, and under tensor parallelism its tp ranks split that piece again (sequence
+    parallelism)."""
     if seq_len % cp:
         return f"data.seq_len ({seq_len}) is not divisible by the context-parallel degree"
+    halo = model.conv_kernel - 1 if model is not None and "M" in model.pattern else 0
+    if seq_len // cp < halo:
+        return (f"a rank's piece of a sequence, data.seq_len / parallel.cp = {seq_len // cp} tokens, is shorter than "
+                f"the {halo} tokens each Mamba conv (model.conv_kernel {model.conv_kernel}) passes to the next piece")
     if (seq_len // cp) % tp:
         return (f"a rank's piece of a sequence, data.seq_len / parallel.cp = {seq_len // cp} tokens, is not "
                 f"divisible by parallel.tp ({tp}), which splits it again between the mixers")

@@ -18,7 +18,9 @@ from trainer.validate import ConfigError
 from trainer_testing import ROOT, compose_train_config, tiny_overrides
 
 LAYOUT_VALUES = ["parallel.tp=3", "parallel.tp=0", "parallel.reshard=always", "parallel.grad_reduce=never",
-                 "train.batch_policy=closest", "train.batch_tolerance=1.5", "optim.lr=nan"]
+                 "train.batch_policy=closest", "train.batch_tolerance=1.5", "optim.lr=nan",
+                 # context parallelism: a sequence it cannot split, a piece shorter than the Mamba conv's halo
+                 "parallel.cp=0", "parallel.cp=3", "parallel.cp=32"]
 
 
 def _plan_run():

@@ -26,8 +26,8 @@ Speed (it runs at every trainer start): every (tp, cp, micro-batch, checkpointin
 in its leanest memory (the largest shard group, gathers and reductions per micro-batch, BF16 reduction);
 one that cannot fit there is dropped, and a micro-batch that does not fit with full checkpointing ends the
 micro-batch sizes of that (tp, cp). The rest are ordered by a lower bound of their seconds per token (compute,
-TP and CP communication of that lean plan: the other meshes and policies only add exposed FSDP/HSDP traffic
-or memory) and planned in full, mesh by mesh and policy by policy, until the bound passes the best found.
+TP and CP communication of that lean plan, its FSDP weight copies taken at the fewest any policy makes: the
+other meshes and policies only add exposed FSDP/HSDP traffic or memory) and planned in full, mesh by mesh and policy by policy, until the bound passes the best found.
 The plans share their per-micro-batch work and the precision plan (built once on the meta device).
 """
 
@@ -43,9 +43,10 @@ from models.config import ModelConfig
 from trainer.config import TrainConfig
 from trainer.hardware import GpuSpec
 from trainer.planning.batch import ResolvedBatch, accepted_batch, resolve_global_batch
-from trainer.planning.layout import resolve_layout
+from trainer.planning.layout import DTYPE_BYTES, resolve_layout
 from trainer.planning.memory import GIB, plan_memory
 from trainer.planning.plan import RunPlan, describe_layout, format_seconds, plan_run, usable_memory_gib
+from trainer.planning.step_time import H200_CALIBRATED, weight_copy_bytes
 from trainer.validate import ConfigError, context_parallel_problem, tensor_parallel_problem
 
 TIE_TOLERANCE = 0.002
@@ -146,7 +147,7 @@ def tp_degrees(cfg: TrainConfig, model: ModelConfig, gpus: int,
             if gpus_per_node % (tp * cp) or gpus % (tp * cp):
                 continue
             problem = ((tensor_parallel_problem(model, tp, cfg.data.seq_len) if tp > 1 else "")
-                       or (context_parallel_problem(cp, tp, cfg.data.seq_len) if cp > 1 else ""))
+                       or (context_parallel_problem(cp, tp, cfg.data.seq_len, model) if cp > 1 else ""))
             if problem:
                 refused[(tp, cp)] = problem
             else:
@@ -198,12 +199,22 @@ class _Combo:
     meshes: List[Tuple[int, int]]
 
 
-def _lower_bound(plan: RunPlan) -> float:
+def _lower_bound(plan: RunPlan, model: ModelConfig) -> float:
     """Seconds per token no mesh or policy of this (tp, cp, micro, checkpointing) beats: the lean plan's compute
     (its optimizer over the largest shard group), TP communication (replicated gradients at that shard) and CP
-    communication."""
-    parts = plan.time.parts
-    return (plan.time.compute + parts.get("tensor-parallel communication", 0.0)
+    communication, its FSDP weight copies replaced by the fewest any policy makes (gathering and reducing once
+    a step copies less than the lean per-micro-batch policies: step_time.weight_copy_bytes)."""
+    layout, parts = plan.layout, plan.time.parts
+    copies = 0.0
+    if layout.fsdp:
+        lean = weight_copy_bytes(model, layout)
+        fewest = min(weight_copy_bytes(model, dataclasses.replace(layout, reshard=reshard, grad_reduce=reduce,
+                                                                  reduce_bytes=DTYPE_BYTES[dtype]))
+                     for reshard, reduce, dtype in POLICIES)
+        # per step (the accumulation's micro-batches), with the idle share plan_step_time adds to every kernel
+        copies = (layout.accumulation * (lean - fewest) * (1 + H200_CALIBRATED.idle)
+                  / (layout.gpu.hbm_bytes_per_s * H200_CALIBRATED.memory))
+    return (plan.time.compute - copies + parts.get("tensor-parallel communication", 0.0)
             + parts.get("context-parallel communication", 0.0)) / plan.tokens_per_step
 
 
@@ -265,7 +276,7 @@ class _Search:
                 lean = self.lean_plan(degree, dp, batch.micro_batch, checkpoint)
                 if lean is not None:
                     fitted = True
-                    out.append(_Combo(degree, batch.micro_batch, checkpoint, _lower_bound(lean), meshes))
+                    out.append(_Combo(degree, batch.micro_batch, checkpoint, _lower_bound(lean, self.model), meshes))
             if not fitted:
                 break  # larger micro-batches only need more memory
         return out

@@ -35,7 +35,7 @@ class RunLayout:
 
     gpu: GpuSpec
     gpus: int
-    """World size: tp x data-parallel ranks, one rank per GPU."""
+    """World size: tp x cp x data-parallel ranks, one rank per GPU."""
     gpus_per_node: int
     """GPUs of one node (the NVLink domain an HSDP shard group should sit in)."""
     fsdp: bool
@@ -169,7 +169,7 @@ def check_tensor_parallel(cfg: TrainConfig, model: ModelConfig, gpus: int, gpus_
     if cp > 1:
         if gpus % (tp * cp):
             raise _config_error(f"parallel.tp ({tp}) x parallel.cp ({cp}) must divide the world size ({gpus})")
-        problem = context_parallel_problem(cp, tp, cfg.data.seq_len)
+        problem = context_parallel_problem(cp, tp, cfg.data.seq_len, model)
         if problem:
             raise _config_error(f"parallel.cp={cp}: {problem}")
     if tp == 1:

@@ -45,8 +45,8 @@ mixers 1/T of their width, a column-parallel linear the whole all-gathered input
                           the logits themselves)
 
 Per token means per token of the rank's piece under context parallelism (micro_batch x seq_len / cp of
-them); each attention layer also keeps the K and V it gathered from the other pieces (the last piece's:
-(cp - 1)/cp of the sequence's, ``gathered_kv_bytes``).
+them); each attention layer also keeps the K and V it gathered from the other pieces ((cp - 1)/cp of the
+sequence's), each Mamba layer the SSD state entering its piece (``context_parallel_bytes``).
 
 The peak is the larger of two moments: the loss's backward (all activations, the logits at their
 largest, gradients only from earlier micro-batches) and a block's backward (the activations, one
@@ -203,15 +203,24 @@ def _activation_bytes_per_token(cfg: ModelConfig, layout: RunLayout) -> tuple[fl
     return kept, recomputed
 
 
-def gathered_kv_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
-    """Under context parallelism: the other pieces' K and V each attention layer gathers and saves for its
-    backward, on the last piece (which reads all of them: (C - 1)/C of the sequence's), for every attention
-    block that keeps its activations and one recomputing at a time."""
-    if layout.cp == 1 or "*" not in cfg.pattern:
-        return 0.0
-    layers = sum(symbol == "*" for symbol in cfg.pattern if symbol not in layout.checkpointed) + ("*" in layout.checkpointed)
+def context_parallel_bytes(cfg: ModelConfig, layout: RunLayout) -> tuple[float, float]:
+    """Under context parallelism, (kept, recomputing): what the mixers save for backward beyond their per-token
+    activations (models/context_parallel.py), for the blocks that keep their activations, and for the one
+    recomputing block whose backward runs: each attention layer the other pieces' K and V it gathered (every
+    rank keeps the gathered buffer, (C - 1)/C of the sequence's); each Mamba layer the entering SSD state h
+    (b H P N, compute dtype) and the fold's FP32 copy of the states before the previous piece's (the last
+    piece's: C - 2 of them)."""
+    if layout.cp == 1:
+        return 0.0, 0.0
     others = layout.micro_batch * layout.seq_len * (layout.cp - 1) // layout.cp
-    return layers * layout.compute_bytes * 2 * others * cfg.num_key_value_heads // layout.tp * cfg.attention_head_dim
+    per_symbol = {
+        "*": layout.compute_bytes * 2 * others * cfg.num_key_value_heads // layout.tp * cfg.attention_head_dim,
+        "M": (layout.micro_batch * cfg.mamba_num_heads // layout.tp * cfg.mamba_head_dim * cfg.ssm_state_size
+              * (layout.compute_bytes + 4 * max(layout.cp - 2, 0))),
+        "-": 0}
+    kept = sum(per_symbol[symbol] for symbol in cfg.pattern if symbol not in layout.checkpointed)
+    recomputing = max((per_symbol[symbol] for symbol in set(cfg.pattern) if symbol in layout.checkpointed), default=0)
+    return kept, recomputing
 
 
 def plan_memory(cfg: ModelConfig, layout: RunLayout) -> MemoryPlan:
@@ -231,7 +240,7 @@ def plan_memory(cfg: ModelConfig, layout: RunLayout) -> MemoryPlan:
     copies = saved_weight_bytes(cfg, layout) + gathered_parameter_bytes(cfg, layout)
 
     kept, recomputed = activation_bytes_per_token(cfg, layout)
-    gathered_kv = gathered_kv_bytes(cfg, layout)
+    gathered_kv, recomputed_kv = context_parallel_bytes(cfg, layout)
     head, logits = head_activation_bytes(cfg, layout), logits_bytes(cfg, layout)
     largest_unit = max(largest_block_local(cfg, layout.tp), head_local(cfg, layout.tp) if layout.fsdp else 0)
     buffers = layout.reduce_bytes * largest_unit if layout.gpus > 1 else 0.0
@@ -241,14 +250,15 @@ def plan_memory(cfg: ModelConfig, layout: RunLayout) -> MemoryPlan:
                      if accumulating and (not layout.fsdp or layout.grad_reduce == "per_micro_batch") else 0.0)
     common = sum(state.values()) - state["gradients (fp32)"] + accumulated + copies + buffers
     at_loss = common + earlier_grads + tokens * (kept + head + logits) + gathered_kv
-    at_block = common + state["gradients (fp32)"] + tokens * (kept + recomputed) + gathered_kv
+    at_block = common + state["gradients (fp32)"] + tokens * (kept + recomputed) + gathered_kv + recomputed_kv
 
     loss_is_peak = at_loss >= at_block
     parts = dict(state)
     parts["gradients (fp32)"] = earlier_grads if loss_is_peak else state["gradients (fp32)"]
     parts["accumulated gradients (unsharded)"] = accumulated
     parts["compute and quantized weight copies"] = copies
-    parts["activations"] = tokens * (kept + (head if loss_is_peak else recomputed)) + gathered_kv
+    parts["activations"] = (tokens * (kept + (head if loss_is_peak else recomputed)) + gathered_kv
+                            + (0.0 if loss_is_peak else recomputed_kv))
     parts["logits and loss"] = tokens * logits if loss_is_peak else 0.0
     parts["communication buffers"] = buffers
     return MemoryPlan(parts=parts, at_loss_backward=at_loss, at_block_backward=at_block)

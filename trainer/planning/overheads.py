@@ -8,7 +8,9 @@
                   micro-batches, each FORWARD_SHARE of a training micro-batch without recomputation at the
                   idle share of eager launches (evaluation is not replayed from the graph), plus under tensor
                   parallelism its forward collectives (one all-gather and one reduce-scatter per block, the
-                  embedding's reduce-scatter, the LM head's all-gather, the loss's three all-reduces)
+                  embedding's reduce-scatter, the LM head's all-gather, the loss's three all-reduces) and
+                  under context parallelism its forward all-gathers (each Mamba layer's halo and state, each
+                  attention layer's K and V)
 
 Where the constants come from (docs/study.md and the study's records, results/study/9m/*: runs of the
 9.2M-parameter study model on one H100 or H200, compiled blocks, CUDA graphs): the first three steps of a run
@@ -26,7 +28,8 @@ import math
 from typing import Dict
 
 from models.config import ModelConfig
-from trainer.planning.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, TP, Collective, call_seconds
+from trainer.planning.collectives import (ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, TP, Collective, call_seconds,
+                                          cp_collectives)
 from trainer.planning.layout import RunLayout
 from trainer.planning.step_time import FORWARD_SHARE, H200_CALIBRATED, Efficiency, micro_batch_parts
 
@@ -58,6 +61,10 @@ def evaluation_seconds(model: ModelConfig, layout: RunLayout, eval_batches: int,
                                for op in (ALL_GATHER, REDUCE_SCATTER))
         loss = Collective(ALL_REDUCE, TP, layout.tp, 4 * layout.tokens_per_micro_batch, 1, "", "")
         forward += 3 * call_seconds(loss, layout, eff.network)
+    # context parallelism's forward gathers (halo, state, K/V) of one micro-batch, nothing recomputing
+    one = dataclasses.replace(plain, accumulation=1)
+    forward += sum(c.calls_per_step * call_seconds(c, one, eff.network)
+                   for c in cp_collectives(model, one) if c.op == ALL_GATHER)
     return eval_batches * forward
 
 

@@ -12,6 +12,10 @@ Per micro-batch (t tokens), each term at a stated share of the datasheet rate (`
                    under context parallelism over C ranks the last piece's queries read every key before
                    them, (2C - 1)/C of a rank's average share, and the step waits for that rank
     SSD scan       Megatron's 3 x 7 d N FLOPs per token and layer / (BF16 peak x ssd)
+                   + under context parallelism the state passing's matmuls (the piece's end state and
+                   the entering state's share of every output: CP_STATE_FLOPS d N per token and Mamba
+                   layer, forward and backward, in the compute dtype) / (BF16 peak x gemm) and its
+                   elementwise traffic (CP_STATE_BYTES per token, layer and d) / (HBM x memory)
                    + SSD_BYTES_PER_TOKEN_LAYER / HBM per token and Mamba layer (the chunked kernels'
                    per-token work that does not grow with d N: the small-model floor)
     elementwise    ELEMENTWISE_PASSES x the activations the blocks save (memory.block_activation_bytes)
@@ -142,6 +146,16 @@ class StepTime:
     def total(self) -> float:
         return self.compute + self.exposed_communication
 
+
+CP_STATE_FLOPS = 14
+"""Context parallelism's SSD state passing per token, Mamba layer and d N (models/context_parallel.py): the
+piece's end state sum_s w_s x_s B_s^T and the entering state's term C_t . h, 2 d N FLOPs each forward; in the
+backward both operands' gradients of each (8) and C_t . h again for the decays' gradient (2)."""
+
+CP_STATE_BYTES = (15, 24)
+"""Context parallelism's SSD state passing per token, Mamba layer and d, besides its matmuls: (bytes per byte of
+the compute dtype, FP32 bytes) its elementwise passes move when compiled and fused (estimated from the passes of
+models/context_parallel.py: the scaled x, the decays' products, y read and written; eager moves ~20 more)."""
 
 FORWARD_SHARE = 1 / 3
 """A forward pass's share of a training micro-batch: Fprop is one of the three GEMMs of every linear, and
@@ -307,6 +321,12 @@ def _compute_micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficie
     ssd_share = 1 + (1 / 3 if "M" in recomputes else 0)
     parts["SSD scan"] = ssd_share * tokens * (flops["ssd_scan"] / (peak * eff.ssd)
                                               + mamba_layers * SSD_BYTES_PER_TOKEN_LAYER / bandwidth) / tp
+    if layout.cp > 1:  # the state passing's matmuls, a recomputing block's forward third again
+        state_flops = CP_STATE_FLOPS * cfg.mamba_inner_size * cfg.ssm_state_size * mamba_layers * tokens / tp
+        parts["SSD scan"] += ssd_share * state_flops / (peak * eff.gemm)
+        per_d = CP_STATE_BYTES[0] * layout.compute_bytes + CP_STATE_BYTES[1]
+        state_bytes = per_d * cfg.mamba_inner_size * mamba_layers * tokens / tp
+        parts["SSD scan"] += ssd_share * state_bytes / (bandwidth * eff.memory)
 
     # The elementwise work of one TP rank: 1/T of the unsplit model's (its saved activations as the proxy).
     by_symbol = memoized(_MICRO_CACHE, cfg, layout, lambda: _saved_by_symbol(cfg, layout), "saved",
