@@ -252,11 +252,12 @@ def apply_fsdp(model: nn.Module, env: DistEnv, cfg: ParallelConfig, param_dtype:
     The embedding and the head are units of their own (torchtitan's layout) rather than the root's, so
     each moves at its own point of the step: the embedding's gather before the first block's, the head's
     as the forward reaches the last blocks (FSDP2 gathers one unit ahead) and its reduce-scatter first in
-    backward; under tensor parallelism the embedding is split by vocabulary rows, so its traffic is 1/tp;
-    and under parallel.reshard='per_micro_batch' the embedding is freed between its forward and backward. parallel.reshard='per_micro_batch' frees a unit's gathered parameters after
+    backward; under tensor parallelism the embedding is split by vocabulary rows, so its traffic is 1/tp.
+    parallel.reshard='per_micro_batch' frees a unit's gathered parameters after
     its forward (all but the head and the last block, needed first in backward) and after its backward;
     'per_step' keeps every unit gathered from the step's first forward to its last backward
-    (`set_fsdp_micro_step` says when to free them).
+    (`set_fsdp_micro_step` says when to free them). The embedding is never gathered for its backward, which
+    needs only the token ids and the output's gradient.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -266,6 +267,9 @@ def apply_fsdp(model: nn.Module, env: DistEnv, cfg: ParallelConfig, param_dtype:
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=resolve_dtype(cfg.reduce_dtype, env.device))
     per_step = cfg.reshard == "per_step"
     fully_shard(model.embeddings, mesh=mesh, mp_policy=policy, reshard_after_forward=not per_step)
+    # An embedding's backward scatters the output's gradient into rows by token id and never reads the table, so
+    # a freed embedding is not gathered again for it (FSDP2 still reduce-scatters its gradient).
+    model.embeddings.set_unshard_in_backward(False)
     blocks = list(model.layers)
     for index, block in enumerate(blocks):
         keep = per_step or index == len(blocks) - 1

@@ -63,8 +63,9 @@ def test_fsdp_pads_each_parameter_to_the_shard_group():
 
 
 def test_policies_change_the_calls_per_unit():
-    """4 micro-batches on 4 ranks: per_micro_batch gathers 8 times (the last block and the head 4), per_step
-    once; grad_reduce per_step reduces once, per_micro_batch 4 times."""
+    """4 micro-batches on 4 ranks: per_micro_batch gathers 8 times (the last block, the head and the embedding,
+    whose backward needs no parameters, 4), per_step once; grad_reduce per_step reduces once, per_micro_batch 4
+    times."""
     def calls(*policy):
         cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=16", *policy])
         layout = resolve_layout(cfg, GPUS["H200"], 4)
@@ -72,7 +73,7 @@ def test_policies_change_the_calls_per_unit():
 
     default = calls()
     assert default[("all_gather", "layers.0")] == 8 and default[("all_gather", "layers.5")] == 4
-    assert default[("all_gather", "head")] == 4 and default[("all_gather", "embeddings")] == 8
+    assert default[("all_gather", "head")] == 4 and default[("all_gather", "embeddings")] == 4
     assert default[("reduce_scatter", "layers.0")] == 1
     once = calls("parallel.reshard=per_step", "parallel.grad_reduce=per_micro_batch")
     assert once[("all_gather", "layers.0")] == once[("all_gather", "head")] == once[("all_gather", "embeddings")] == 1
@@ -175,15 +176,44 @@ def test_what_fsdp2_cannot_hide_at_the_ends_of_a_step():
     def seconds(unit, op):
         return next(call_seconds(c, layout, eff.network) for c in collectives if c.unit == unit and c.op == op)
 
-    ends = (seconds("embeddings", "all_gather") + seconds("layers.0", "all_gather")
-            + seconds("embeddings", "reduce_scatter") + seconds("embeddings", "all_reduce"))
+    start = seconds("embeddings", "all_gather") + seconds("layers.0", "all_gather")
+    end = seconds("embeddings", "reduce_scatter") + seconds("embeddings", "all_reduce")
     head_gather = seconds("head", "all_gather")
     head_reduction = seconds("head", "reduce_scatter") + seconds("head", "all_reduce")
-    assert exposed_tail(layout, collectives, eff, 0.0) == pytest.approx(ends + head_gather + head_reduction)
-    assert exposed_tail(layout, collectives, eff, 1.0) == pytest.approx(ends)  # a block outlasts every call
+    assert exposed_tail(layout, collectives, eff, 0.0) == pytest.approx((start + head_gather, end + head_reduction))
+    assert exposed_tail(layout, collectives, eff, 1.0) == pytest.approx((start, end))  # a block outlasts every call
     block = head_reduction / (1 - FORWARD_SHARE)  # its backward hides the reduction, its forward part of the gather
     assert exposed_tail(layout, collectives, eff, block) == pytest.approx(
-        ends + max(0.0, head_gather - 2 * FORWARD_SHARE * block))
+        (start + max(0.0, head_gather - 2 * FORWARD_SHARE * block), end))
+
+
+def test_a_forward_waits_for_its_gathers_however_short_the_backward_reductions():
+    """Phase by phase: a step gathering once (reshard=per_step) waits for its gathers beyond its first forward's
+    compute, even where the backward's compute could cover them; its reductions hide behind the backward. Pooled
+    over the step, the same traffic would have hidden."""
+    from trainer.planning.collectives import call_seconds
+    from trainer.planning.step_time import H200_CALIBRATED, exposed_fsdp_seconds, exposed_tail
+
+    cfg = compose(TINY + ["precision=bf16", "train.global_batch_size=8", "parallel.dp_shard=4",
+                          "parallel.dp_replicate=2", "parallel.reshard=per_step", "parallel.grad_reduce=per_step"])
+    layout = resolve_layout(cfg, GPUS["H200"], 8, gpus_per_node=4)
+    collectives = [c for c in step_collectives(cfg.model, layout) if c.overlapped]
+    eff = H200_CALIBRATED
+    gathers = sum(call_seconds(c, layout, eff.network) * c.calls_per_step for c in collectives
+                  if c.op == "all_gather")
+    reductions = sum(call_seconds(c, layout, eff.network) * c.calls_per_step for c in collectives
+                     if c.op != "all_gather")
+    assert all(c.calls_per_step == 1 for c in collectives)  # once a step each
+    block = 1.0  # long blocks: nothing of the ends' exposure beyond the embedding's and first block's own calls
+    tail_forward, tail_backward = exposed_tail(layout, collectives, eff, block)
+    forward = 0.5 * gathers  # the forward covers half its gathers, the backward all its reductions
+    backward = 10 * (gathers + reductions)
+    waits = exposed_fsdp_seconds(layout, collectives, eff, forward, backward, block)
+    assert waits == pytest.approx(max(tail_forward, gathers - forward) + tail_backward)
+    assert waits > tail_forward + tail_backward  # pooled, (forward + backward) would have hidden it all
+    # the same with a forward that covers its gathers: only what nothing can hide is waited for
+    assert exposed_fsdp_seconds(layout, collectives, eff, 2 * gathers, backward, block) == pytest.approx(
+        tail_forward + tail_backward)
 
 
 def test_amax_reductions_of_quantized_tp_linears():

@@ -17,7 +17,8 @@ foreach_reduce):
 
     all_gather over dp_shard      c x padded    reshard=per_micro_batch: 2A calls (each micro-batch's
                                                 forward and backward), A for the last block and the head
-                                                (kept gathered from forward to backward);
+                                                (kept gathered from forward to backward) and the embedding
+                                                (its backward needs no parameters);
                                                 reshard=per_step: 1 call (gathered once, kept all step)
     reduce_scatter over dp_shard  g x padded    grad_reduce=per_step: 1 call; per_micro_batch: A calls
     all_reduce over dp_replicate  g x padded/S  HSDP: as many as the reduce-scatters (the sharded gradient)
@@ -111,7 +112,7 @@ from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
 from trainer.planning.layout import (RunLayout, memoized, quantized_input_gathers, quantized_output_scatters,
                                      recomputes)
-from trainer.planning.parameters import COLUMN_PARALLEL, HEAD, UnitSize, fsdp_units, unit_sizes
+from trainer.planning.parameters import COLUMN_PARALLEL, EMBEDDINGS, HEAD, UnitSize, fsdp_units, unit_sizes
 
 ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
 DP_SHARD, DP_REPLICATE, TP, CP, WORLD = "dp_shard", "dp_replicate", "tp", "cp", "world"
@@ -157,6 +158,8 @@ class Collective:
 
 
 def _fsdp_unit_collectives(layout: RunLayout, unit: UnitSize, kept: bool) -> List[Collective]:
+    """``kept``: the unit stays gathered from its forward to its backward, or its backward needs no parameters
+    (the embedding's: trainer.distributed.apply_fsdp), so reshard=per_micro_batch gathers it once a micro-batch."""
     S, R, A = layout.shard, layout.replicate, layout.accumulation
     padded = unit.padded_numel
     gathers = 1 if layout.reshard == "per_step" else A * (1 if kept else 2)
@@ -193,7 +196,7 @@ def _fsdp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]
     last_block = units[-2].name
     out: List[Collective] = []
     for unit in units:
-        out += _fsdp_unit_collectives(layout, unit, kept=unit.name in (last_block, HEAD))
+        out += _fsdp_unit_collectives(layout, unit, kept=unit.name in (EMBEDDINGS, last_block, HEAD))
     return out
 
 

@@ -18,8 +18,8 @@ Compute weights (held between a linear's forward and its backward):
                           emulation keeps the values in BF16, a native GEMM its 4-bit codes; FP8 128x128
                           tiles: W^T in FP8); nothing for blocks that recompute their activations
     with FSDP             parallel.reshard=per_micro_batch: the head's parameters (LM head, final norm:
-                          kept unsharded from forward to backward; the embedding is freed after its forward
-                          and gathered again for its backward, once the head's are freed) and two
+                          kept unsharded from forward to backward; the embedding is freed after its forward,
+                          its backward needs no parameters) and two
                           blocks in flight (the one computing, the one prefetched); per_step: every unit's
                           parameters, gathered once and kept all step (c P_T); in the compute dtype c, plus
                           quantized weights saved as above (a TP rank's shard of each block linear)

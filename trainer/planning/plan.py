@@ -241,7 +241,8 @@ class RunPlan:
             tensor_parallel += ", context-parallel ones not at all"
         lines = []
         if overlapped > 0:
-            lines.append(f"  (FSDP/HSDP traffic {format_seconds(overlapped)}, overlapped with compute but for "
+            lines.append(f"  (FSDP/HSDP traffic {format_seconds(overlapped)}, each phase's calls behind its compute "
+                         f"(the forwards' gathers, the backwards' reductions) but for "
                          f"{format_seconds(parts.get('communication (exposed)', 0.0))}; {tensor_parallel}; "
                          f"{len(self.time.collectives)} kinds of call, python -m trainer.plan_run --json lists them)")
         return lines

@@ -42,18 +42,25 @@ collectives list (trainer.planning.collectives.step_collectives, its seconds per
     context parallel  the conv halos, SSD states and K/V of models/context_parallel.py, not overlapped
                       (each sits between two kernels of its mixer)
     scalars           the loss, gradient-norm and flag all-reduces, not overlapped
-    FSDP / HSDP       overlapped with the step's compute and TP time (FSDP2 gathers the next unit and
-                      reduces the previous one on their own streams) except what exceeds them, and the
-                      calls nothing can hide: the embedding's and the first block's all-gathers before
-                      a forward can start (each micro-batch with reshard=per_micro_batch, once with
-                      per_step), the embedding's reduce-scatter and all-reduce after the last backward
-                      (each micro-batch's with grad_reduce=per_micro_batch);
-                      and what of the head's calls outlasts the blocks beside them: FSDP2 gathers a unit
-                      only when the forward reaches the one before it, so the head's gather hides behind
-                      the last two blocks' forward alone, and it keeps one reduction in flight, so the
-                      head's reduce-scatter (and HSDP all-reduce), the first of the backward, hides
-                      behind the last block's backward alone (a block: the micro-batch's compute / blocks,
-                      FORWARD_SHARE of it forward)
+    FSDP / HSDP       overlapped with the compute and TP time of the phase that issues them (FSDP2
+                      gathers the next unit and reduces the previous one on their own streams), phase by
+                      phase: a forward with its all-gathers (every micro-batch's with
+                      reshard=per_micro_batch, the first one's alone with per_step, which gathers once a
+                      step), a backward with its reduce-scatters and HSDP all-reduces (every micro-batch's
+                      with grad_reduce=per_micro_batch, the last one's with per_step) and the gathers again
+                      of the units a forward freed (reshard=per_micro_batch). A phase waits for
+                      max(its calls nothing can hide, its traffic - its compute): a forward cannot run ahead
+                      of the parameters it needs, nor a backward's traffic hide behind another phase's
+                      compute, so a step whose forward gathers outlast the forward stalls there however
+                      short its backward's reductions are (the 12B on 2048 GPUs). What nothing can hide:
+                      the embedding's and the first block's all-gathers before a forward can start, the
+                      embedding's reduce-scatter and all-reduce after the last backward, and what of the
+                      head's calls outlasts the blocks beside them: FSDP2 gathers a unit only when the
+                      forward reaches the one before it, so the head's gather hides behind the last two
+                      blocks' forward alone, and it keeps one reduction in flight, so the head's
+                      reduce-scatter (and HSDP all-reduce), the first of the backward, hides behind the last
+                      block's backward alone (a block: the micro-batch's compute / blocks, FORWARD_SHARE of
+                      it forward)
 
 With tensor parallelism over T ranks every term of the micro-batch is one rank's share
 (trainer.planning.tensor_parallel: the GEMMs at their local shapes; attention, the SSD, the elementwise
@@ -79,7 +86,7 @@ from trainer.planning.gemm_costs import FORMAT_COSTS, OUTPUT_BYTES, gemm_operand
 from trainer.planning.layout import (RunLayout, memoized, quantized_input_gathers, quantized_output_scatters,
                                      recomputes)
 from trainer.planning.memory import block_activation_bytes, linear_saved_input_bytes
-from trainer.planning.parameters import EMBEDDINGS, HEAD, local_parameters
+from trainer.planning.parameters import EMBEDDINGS, HEAD, local_parameters, unit_sizes
 from trainer.planning.tensor_parallel import local_training_gemms
 
 
@@ -284,16 +291,22 @@ def weight_copy_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
     c), each reduction's copy of the gradients into the reduce-scatter's input (read c, write the reduce
     dtype g), and, while grad_reduce=per_step accumulates, autograd adding each micro-batch's gradient into
     the held one (read c twice, write c); per micro-batch: gathers 2 (reshard=per_micro_batch: forward and
-    backward) or 1/A, reductions 1 or 1/A, accumulations (A - 1)/A or 0."""
+    backward; 1 for the units kept gathered between them and the embedding, as trainer.planning.collectives
+    counts them) or 1/A, reductions 1 or 1/A, accumulations (A - 1)/A or 0."""
     if not layout.fsdp:
         return CAST_BYTES_PER_WEIGHT * _local_linear_weights(cfg, layout)
     A, c, g = layout.accumulation, layout.compute_bytes, layout.reduce_bytes
-    gathers = 2.0 if layout.reshard == "per_micro_batch" else 1 / A
+    parameters = local_parameters(cfg, layout.tp)
+    if layout.reshard == "per_micro_batch":
+        units = unit_sizes(cfg, layout.tp, layout.shard)
+        once = sum(u.local_numel for u in units if u.name in (EMBEDDINGS, units[-2].name, HEAD))
+        gathered = 2.0 * parameters - once
+    else:
+        gathered = parameters / A
     per_step_reduce = layout.grad_reduce == "per_step"
     reductions = 1 / A if per_step_reduce else 1.0
     accumulations = (A - 1) / A if per_step_reduce else 0.0
-    per_parameter = gathers * 2 * c + reductions * (c + g) + accumulations * 3 * c
-    return per_parameter * local_parameters(cfg, layout.tp)
+    return gathered * 2 * c + (reductions * (c + g) + accumulations * 3 * c) * parameters
 
 
 def _joined_pieces_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
@@ -353,23 +366,48 @@ def micro_batch_parts(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H20
 
 
 def exposed_tail(layout: RunLayout, collectives: Sequence[Collective], eff: Efficiency,
-                 block_seconds: float = 0.0) -> float:
-    """Seconds of FSDP/HSDP calls nothing can hide (module docstring); ``block_seconds``: one block's share of
-    a micro-batch's compute, forward and backward."""
+                 block_seconds: float = 0.0) -> Tuple[float, float]:
+    """Seconds of FSDP/HSDP calls nothing can hide (module docstring), (in a forward that gathers, in a backward
+    that reduces); ``block_seconds``: one block's share of a micro-batch's compute, forward and backward."""
     first_block = "layers.0"
     ends = [c for c in collectives if c.overlapped and c.unit in (EMBEDDINGS, first_block, HEAD)]
 
     def seconds(unit: str, op: str) -> float:
         return sum(call_seconds(c, layout, eff.network) for c in ends if c.unit == unit and c.op == op)
 
-    gathers = layout.accumulation if layout.reshard == "per_micro_batch" else 1
-    reductions = layout.accumulation if layout.grad_reduce == "per_micro_batch" else 1
-    start = gathers * (seconds(EMBEDDINGS, "all_gather") + seconds(first_block, "all_gather"))
-    end = reductions * (seconds(EMBEDDINGS, "reduce_scatter") + seconds(EMBEDDINGS, "all_reduce"))
     forward, backward = FORWARD_SHARE * block_seconds, (1 - FORWARD_SHARE) * block_seconds
-    head = (gathers * max(0.0, seconds(HEAD, "all_gather") - 2 * forward)
-            + reductions * max(0.0, seconds(HEAD, "reduce_scatter") + seconds(HEAD, "all_reduce") - backward))
-    return start + end + head
+    start = seconds(EMBEDDINGS, "all_gather") + seconds(first_block, "all_gather")
+    end = seconds(EMBEDDINGS, "reduce_scatter") + seconds(EMBEDDINGS, "all_reduce")
+    head_gather = max(0.0, seconds(HEAD, "all_gather") - 2 * forward)
+    head_reduction = max(0.0, seconds(HEAD, "reduce_scatter") + seconds(HEAD, "all_reduce") - backward)
+    return start + head_gather, end + head_reduction
+
+
+def exposed_fsdp_seconds(layout: RunLayout, collectives: Sequence[Collective], eff: Efficiency,
+                         forward: float, backward: float, block_seconds: float) -> float:
+    """Seconds a step waits for FSDP/HSDP traffic, phase by phase (module docstring): ``forward`` and ``backward``
+    the compute (and TP/CP waiting) of one micro-batch's forward and backward."""
+    A = layout.accumulation
+    gathering = A if layout.reshard == "per_micro_batch" else 1  # forwards that gather
+    reducing = A if layout.grad_reduce == "per_micro_batch" else 1  # backwards that reduce
+    gathered = regathered = reduced = 0.0
+    for c in collectives:
+        if not c.overlapped:
+            continue
+        seconds = call_seconds(c, layout, eff.network)
+        if c.op == ALL_GATHER:  # the forwards' gathers first, the rest again in backward
+            gathered += seconds * gathering
+            regathered += seconds * (c.calls_per_step - gathering)
+        else:
+            reduced += seconds * c.calls_per_step
+    tail_forward, tail_backward = exposed_tail(layout, collectives, eff, block_seconds)
+    waits = gathering * max(tail_forward, gathered / gathering - forward)
+    regather = regathered / A  # each backward's
+    if reducing == A:
+        waits += A * max(tail_backward, regather + reduced / A - backward)
+    else:
+        waits += (A - 1) * max(0.0, regather - backward) + max(tail_backward, regather + reduced - backward)
+    return waits
 
 
 def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> StepTime:
@@ -392,10 +430,13 @@ def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_C
     hidden = layout.accumulation * memoized(_MICRO_CACHE, cfg, layout, lambda: hidden_tp_seconds(cfg, layout, eff),
                                             "hidden tp", eff, links)
     waited = kinds["tensor parallel"] - hidden + kinds["context parallel"] + kinds["scalars"]
-    block = sum(micro.values()) * (1 + idle_share) / len(cfg.pattern)
-    tail = exposed_tail(layout, collectives, eff, block) if kinds["overlapped"] else 0.0
-    hidden_behind = compute + waited
-    exposed_dp = tail + max(0.0, kinds["overlapped"] - tail - hidden_behind)
+    per_micro = sum(micro.values()) * (1 + idle_share)
+    block = per_micro / len(cfg.pattern)
+    exposed_dp = 0.0
+    if kinds["overlapped"]:
+        phase = per_micro + waited / layout.accumulation  # one micro-batch's compute and TP/CP waiting
+        exposed_dp = exposed_fsdp_seconds(layout, collectives, eff, FORWARD_SHARE * phase,
+                                          (1 - FORWARD_SHARE) * phase, block)
     parts["tensor-parallel communication"] = kinds["tensor parallel"] - hidden
     if layout.cp > 1:
         parts["context-parallel communication"] = kinds["context parallel"]
