@@ -81,18 +81,12 @@ from typing import Callable, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils._python_dispatch import _disable_current_modes
 
+from models import collectives
 from models.ssd import discretize_dt
-
-# torch 2.13 renamed the functional collectives (the *_tensor names warn as deprecated); older torch has only
-# the old names. Same semantics either way (models/quant/sequence_gather.py).
-_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
-_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
-
 
 class ContextParallel:
     """The cp group of a mixer: ``group`` (ProcessGroup), this process's ``rank`` in it and its ``size``, and
@@ -129,23 +123,10 @@ class ContextParallel:
         return f"ContextParallel(rank={self.rank}, size={self.size})"
 
 
-class _AllGather(torch.autograd.Function):
-    """All-gather along dim 0; backward: reduce-scatter (sum) along dim 0. Written out, as
-    trainer.tensor_parallel's are, so the gradient reaches the collective contiguous."""
-
-    @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return funcol.wait_tensor(_all_gather(tensor.contiguous(), gather_dim=0, group=group))
-
-    @staticmethod
-    def backward(ctx, grad):
-        return funcol.wait_tensor(_reduce_scatter(grad.contiguous(), "sum", scatter_dim=0, group=ctx.group)), None
-
-
 def all_gather(tensor: torch.Tensor, cp: ContextParallel) -> torch.Tensor:
-    """Every rank's ``tensor`` stacked in rank order: (...) -> (cp, ...); the message is ``tensor`` itself."""
-    return _AllGather.apply(tensor.unsqueeze(0), cp.group)
+    """Every rank's ``tensor`` stacked in rank order: (...) -> (cp, ...); the message is ``tensor`` itself;
+    backward: the reduce-scatter (sum) of the stack's gradient."""
+    return collectives.all_gather(tensor.unsqueeze(0), 0, cp.group)
 
 
 def _shifted(stacked: torch.Tensor, rank: int) -> torch.Tensor:

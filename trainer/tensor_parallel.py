@@ -75,11 +75,11 @@ from typing import Dict, List
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from models.collectives import all_gather, reduce_scatter
 from models.norms import local_tensor
 from models.quant.format_registry import FORMAT_SPECS, GEMMS
 from models.quant.quantized_linear import QuantizedLinear
@@ -102,49 +102,15 @@ _OPERANDS = {"fprop": ("Fprop X", "Fprop W"), "dgrad": ("Dgrad dY", "Dgrad W^T")
 # ----------------------------------------------------------------------------------------------
 # The collectives and the token slice
 
-# torch 2.13 renamed the functional collectives (the *_tensor names warn as deprecated); older torch has
-# only the old names. Same semantics either way: gather/scatter along any dim, returning an async tensor.
-_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
-_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
-
-
-class _GatherSequence(torch.autograd.Function):
-    """All-gather along dim 1; backward: reduce-scatter (sum) along dim 1. Written out rather than torch's
-    *_autograd collectives, whose backward hands NCCL a non-contiguous gradient as it comes (an error)."""
-
-    @staticmethod
-    def forward(ctx, hidden, group):
-        ctx.group = group
-        return funcol.wait_tensor(_all_gather(hidden.contiguous(), gather_dim=1, group=group))
-
-    @staticmethod
-    def backward(ctx, grad):
-        return funcol.wait_tensor(_reduce_scatter(grad.contiguous(), "sum", scatter_dim=1,
-                                                               group=ctx.group)), None
-
-
-class _ReduceScatterSequence(torch.autograd.Function):
-    """Reduce-scatter (sum) along dim 1; backward: all-gather along dim 1."""
-
-    @staticmethod
-    def forward(ctx, partial, group):
-        ctx.group = group
-        return funcol.wait_tensor(_reduce_scatter(partial.contiguous(), "sum", scatter_dim=1,
-                                                               group=group))
-
-    @staticmethod
-    def backward(ctx, grad):
-        return funcol.wait_tensor(_all_gather(grad.contiguous(), gather_dim=1, group=ctx.group)), None
-
 
 def gather_sequence(hidden: torch.Tensor, group) -> torch.Tensor:
     """[B, T/tp, ...] on each rank -> [B, T, ...] (ranks' slices in rank order); backward: reduce-scatter."""
-    return _GatherSequence.apply(hidden, group)
+    return all_gather(hidden, 1, group)
 
 
 def reduce_scatter_sequence(partial: torch.Tensor, group) -> torch.Tensor:
     """[B, T, ...] partial sums on each rank -> this rank's [B, T/tp, ...] of their sum; backward: all-gather."""
-    return _ReduceScatterSequence.apply(partial, group)
+    return reduce_scatter(partial, 1, group)
 
 
 def _sequence_slice(tensor: torch.Tensor, rank: int, size: int) -> torch.Tensor:

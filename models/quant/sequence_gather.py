@@ -20,13 +20,10 @@ from typing import Tuple
 import torch
 import torch.distributed._functional_collectives as funcol
 
+from models.collectives import all_gather_async as _all_gather, reduce_scatter_async as _reduce_scatter
+
 BLOCK = 16
 """A quantization block's length along the tokens: each rank's share holds whole blocks."""
-
-# torch 2.13 renamed the functional collectives (the *_tensor names warn as deprecated); older torch has only
-# the old names. Same semantics either way.
-_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
-_reduce_scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
 
 
 def gather_sequence(rows: Tuple[torch.Tensor, ...], columns: Tuple[torch.Tensor, ...], batch: int, group):
