@@ -85,7 +85,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 from torch.utils._python_dispatch import _disable_current_modes
 
-from models import collectives
+from models.collectives import all_gather as all_gather_along
 from models.ssd import discretize_dt
 
 class ContextParallel:
@@ -126,7 +126,7 @@ class ContextParallel:
 def all_gather(tensor: torch.Tensor, cp: ContextParallel) -> torch.Tensor:
     """Every rank's ``tensor`` stacked in rank order: (...) -> (cp, ...); the message is ``tensor`` itself;
     backward: the reduce-scatter (sum) of the stack's gradient."""
-    return collectives.all_gather(tensor.unsqueeze(0), 0, cp.group)
+    return all_gather_along(tensor.unsqueeze(0), 0, cp.group)
 
 
 def _shifted(stacked: torch.Tensor, rank: int) -> torch.Tensor:

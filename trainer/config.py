@@ -92,6 +92,12 @@ class ParallelConfig:
     """Dtype of gradient reduction across ranks."""
     activation_checkpoint: str = "none"
     """'none', 'full' (every block), or a set of block symbols to recompute, e.g. 'M-' or '*'."""
+    gather_nvfp4_weights: bool = False
+    """Under FSDP2, gather the weights of NVFP4 linears with 16x16 weight tiles as their 4-bit codes and block
+    scales (each rank quantizes its rows with the whole weight's amax): a quarter of BF16's bytes on the wire,
+    the same codes the layer would make, bit for bit (trainer/nvfp4_weight_gather.py). Needs parallel.fsdp,
+    precision.weight_2d and no late switch to BF16; a layer whose rows do not split into whole 16-row tiles
+    over the shard group gathers BF16 as before."""
     compile: bool = False
     """torch.compile each block (eager fallbacks where a kernel does not trace)."""
     cuda_graph: bool = False

@@ -308,9 +308,20 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, seq_len: Op
     if cfg.compile:
         apply_compile(model)
     use_fsdp = fsdp_enabled(cfg, env)
+    gathered_codes = []
+    if use_fsdp and cfg.gather_nvfp4_weights:
+        from trainer.nvfp4_weight_gather import wrap_nvfp4_weights
+
+        mesh = env.fsdp_mesh
+        gathered_codes = wrap_nvfp4_weights(model, mesh.size(mesh.ndim - 1))  # the shard group's ranks
     if use_fsdp:
         apply_fsdp(model, env, cfg, param_dtype)
+    if gathered_codes:
+        from trainer.nvfp4_weight_gather import install_amax_refresh
+
+        install_amax_refresh(model, gathered_codes, param_dtype)
     return {
+        "nvfp4_weights_gathered_as_codes": len(gathered_codes),
         "fsdp": use_fsdp,
         "tp": env.tp,
         "tensor_parallel": tensor_parallel,

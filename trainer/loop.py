@@ -273,6 +273,9 @@ def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer,
         logger.echo(startup.choice.line())  # parallel=auto's layout, planned step time and MFU
     if startup is not None and startup.batch.adjusted:
         logger.echo(startup.batch.announcement())
+    if applied.get("nvfp4_weights_gathered_as_codes"):
+        logger.echo(f"FSDP2 gathers {applied['nvfp4_weights_gathered_as_codes']} NVFP4 weights as their codes "
+                    "(parallel.gather_nvfp4_weights)")
     write_run_description(cfg, run_dir, world_size=env.world_size, device=env.device, tokenizer=tokenizer.record,
                           plan=run_plan, start=layout_record,
                           names=start_record_names(run_dir, state.step),  # each start's own

@@ -337,6 +337,17 @@ def _quantize_pair(a: torch.Tensor, b: torch.Tensor, gemm: GemmSpec, transpose: 
     return a_op, b_op
 
 
+def _gathered_operand(weight: torch.Tensor, compute_dtype: torch.dtype) -> _Operand:
+    """Fprop's W from the codes FSDP2 gathered: the values and decode scale ``_quantize_operand`` gives the whole
+    BF16 weight (the same codes, trainer.nvfp4_weight_gather)."""
+    quantized = weight.quantized()
+    exact = quantized.scaled_values_exact_in(compute_dtype)
+    values = quantized.scaled_values(compute_dtype if exact else torch.float32)
+    if not exact:
+        return _Operand(values.mul_(quantized.tensor_scale), None)
+    return _Operand(values, quantized.tensor_scale)
+
+
 def amax_reduced(amax: Optional[AmaxReduction], *names: str) -> bool:
     """Whether the tensor-parallel amax reduction names any of these operands (their kernels' shared
     scales are then not taken)."""
@@ -361,8 +372,13 @@ class QuantLinearFunction(torch.autograd.Function):
             out = high_precision_gemm(x2, weight, compute_dtype)
             saved_weight = None
         else:
-            x_op, w_op = _quantize_pair(x2, weight, spec.fprop, (False, False), ("Fprop X", "Fprop W"),
-                                        compute_dtype, rng, shared_scales=(x_scales, None), amax=amax)
+            if hasattr(weight, "quantized"):  # FSDP2 gathered W's codes (trainer.nvfp4_weight_gather)
+                x_op = _quantize_operand(x2, spec.fprop.a, transpose=False, compute_dtype=compute_dtype, rng=rng,
+                                         name="Fprop X", shared_scales=x_scales, amax=amax)
+                w_op = _gathered_operand(weight, compute_dtype)
+            else:
+                x_op, w_op = _quantize_pair(x2, weight, spec.fprop, (False, False), ("Fprop X", "Fprop W"),
+                                            compute_dtype, rng, shared_scales=(x_scales, None), amax=amax)
             out = _gemm(x_op, w_op, compute_dtype)
             saved_weight = w_op if spec.reuses_forward_weight else None
         ctx.spec, ctx.compute_dtype, ctx.amax = spec, compute_dtype, amax

@@ -394,8 +394,9 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
             out = high_precision_gemm(x2 if gather is None else gather_along_sequence(x, gather), weight, compute_dtype)
         else:
             # Under tp, X's and W's amaxes from one all-reduce (those the group's amax applies to).
-            reduced = phase_amaxes((("Fprop X", x2, spec.fprop.a, False), ("Fprop W", weight, spec.fprop.b, False)),
-                                   amax)
+            gathered_w = hasattr(weight, "nvfp4_codes")  # FSDP2 gathered W's codes (trainer.nvfp4_weight_gather)
+            reduced = phase_amaxes((("Fprop X", x2, spec.fprop.a, False),
+                                    ("Fprop W", weight, None if gathered_w else spec.fprop.b, False)), amax)
             if gather is None:
                 x_codes = quantize_operand(x2, spec.fprop.a, transpose=False, rng=rng, name="Fprop X",
                                            scales=x_scales, amax=amax, reduced=reduced)
@@ -403,8 +404,11 @@ class _TorchNvfp4LinearFunction(torch.autograd.Function):
                 x_codes = gathered_rows_operand(x2, spec.fprop.a, batch, gather, rng=rng, name="Fprop X", amax=amax,
                                                 reduced=reduced)
             reuse_w = dgrad is not None and spec.reuses_forward_weight  # Dgrad's W^T: these 16x16 codes transposed
-            w_codes = quantize_operand(weight, spec.fprop.b, transpose=False, rng=rng, name="Fprop W", amax=amax,
-                                       with_transpose=reuse_w, reduced=reduced)
+            if gathered_w:
+                w_codes = weight.nvfp4_codes()
+            else:
+                w_codes = quantize_operand(weight, spec.fprop.b, transpose=False, rng=rng, name="Fprop W", amax=amax,
+                                           with_transpose=reuse_w, reduced=reduced)
             w_op = w_codes.operand()
             if scatter is None:
                 out = nvfp4_gemm(x_codes.operand(), w_op, compute_dtype)

@@ -23,6 +23,11 @@ LAYOUT_VALUES = ["parallel.tp=3", "parallel.tp=0", "parallel.reshard=always", "p
                  "parallel.cp=0", "parallel.cp=3", "parallel.cp=32"]
 
 
+# Pairs: gathering NVFP4 weights as codes needs 16x16 weight tiles and no late switch to BF16.
+LAYOUT_PAIRS = [("parallel.gather_nvfp4_weights=true", "precision.weight_2d=false"),
+                ("parallel.gather_nvfp4_weights=true", "precision.switch_to_bf16_at_step=5")]
+
+
 def _plan_run():
     import trainer.plan_run
 
@@ -93,3 +98,12 @@ def test_the_command_lines_print_the_same_refusal(overrides):
                              capture_output=True, text=True, timeout=300)
     assert (trainer.returncode, planner.returncode) == (2, 2), (trainer.stderr[-2000:], planner.stderr[-2000:])
     assert trainer.stderr.strip() and trainer.stderr.strip() == planner.stderr.strip()
+
+
+@pytest.mark.parametrize("pair", LAYOUT_PAIRS)
+def test_the_same_combination_is_refused_with_the_same_message(tmp_path, data_cache, pair):
+    overrides = [o for o in tiny_overrides(data_cache) if not o.startswith("train.micro_batch_size")]
+    overrides += ["train.micro_batch_size=4", *pair]
+    expected = _trainer(overrides, tmp_path)
+    assert "parallel.gather_nvfp4_weights" in expected
+    assert _planner(overrides) == (2, expected)

@@ -112,7 +112,8 @@ HAND_UNITS = {"embeddings": 32768, "layers.0": 28152, "layers.1": 12352, "layers
 
 def test_fsdp_traffic_by_hand():
     """FSDP over 8 H200s in BF16, 2 micro-batches: each unit gathered in every micro-batch's forward and again in
-    its backward (the last block and the head, kept gathered, once), its gradient reduce-scattered once (FP32),
+    its backward (the last block and the head, kept gathered, and the embedding, whose backward needs no
+    parameters, once), its gradient reduce-scattered once (FP32),
     each at 7/8 of its size over NVLink (450 GB/s at 80%) plus the calls' latency."""
     assert sum(HAND_UNITS.values()) == HAND_PARAMS
     cfg = hand_run("train.micro_batch_size=1", "train.global_batch_size=16")
@@ -120,7 +121,7 @@ def test_fsdp_traffic_by_hand():
     collectives = step_collectives(cfg.model, layout)
     got = {(c.op, c.unit): (c.mesh_dim, c.group_size, c.bytes_per_call, c.calls_per_step) for c in collectives if c.unit}
     for unit, numel in HAND_UNITS.items():
-        kept = unit in ("layers.2", "head")
+        kept = unit in ("embeddings", "layers.2", "head")
         assert got[("all_gather", unit)] == ("dp_shard", 8, 2 * numel, 2 if kept else 4)
         assert got[("reduce_scatter", unit)] == ("dp_shard", 8, 4 * numel, 1)
     latency = 5e-6 + 7 * 1e-6  # BASE_LATENCY_S + 7 NVLink hops of the ring

@@ -25,7 +25,8 @@ from trainer.planning.collectives import (
     group_span,
     step_collectives,
 )
-from trainer.planning.layout import quantized_input_gathers, quantized_output_scatters, resolve_layout
+from trainer.planning.layout import (code_gathered_linears, quantized_input_gathers, quantized_output_scatters,
+                                     resolve_layout)
 from trainer.planning.parameters import fsdp_units, unit_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -394,6 +395,14 @@ def _issued(calls: list) -> Counter:
     (4, ["precision=bf16", "train.global_batch_size=4", "parallel.cp=2", "parallel.activation_checkpoint=M"]),
     (4, ["precision=nvfp4", "precision.backend=emulated", "train.global_batch_size=4", "parallel.tp=2",
          "parallel.cp=2", "model.mamba_num_heads=32", "model.mamba_head_dim=4"]),
+    # NVFP4 weights gathered as codes (one uint8 buffer a unit, the amaxes' MAX before each forward, no W amax
+    # over tp), alone and under tensor parallelism
+    (2, ["precision=nvfp4", "precision.backend=emulated", "precision.bf16_layers_at_start=0",
+         "precision.bf16_layers_at_end=1", "train.global_batch_size=4", "parallel.gather_nvfp4_weights=true",
+         "model.mamba_num_heads=32", "model.mamba_head_dim=4"]),
+    (4, ["precision=nvfp4", "precision.backend=emulated", "precision.bf16_layers_at_start=0",
+         "precision.bf16_layers_at_end=1", "train.global_batch_size=4", "parallel.tp=2",
+         "parallel.gather_nvfp4_weights=true", "model.mamba_num_heads=32", "model.mamba_head_dim=4"]),
 ])
 def test_the_list_is_what_the_trainer_issues_on_gloo(tmp_path, ranks, overrides):
     overrides = TINY + overrides
@@ -405,6 +414,8 @@ def test_the_list_is_what_the_trainer_issues_on_gloo(tmp_path, ranks, overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     cfg = compose(overrides)
     layout = resolve_layout(cfg, cpu_spec(), ranks)
+    if cfg.parallel.gather_nvfp4_weights:  # not a vacuous case: some weights do travel as codes
+        assert code_gathered_linears(cfg.model, layout)
     if cfg.precision.backend == "torch":  # the layout Blackwell resolves, at the CPU's compute bytes
         layout = dataclasses.replace(layout, backend="native", saves_quantized_input=False,
                                      gathers_quantized_input=True)

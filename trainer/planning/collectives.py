@@ -83,7 +83,11 @@ trainer.distributed.all_reduce_mean), the gradient norm's reduction: torch's cli
 partial norm per parameter tensor and the DTensor's full_tensor all-reduces them over each mesh dimension
 that splits the gradients, dp_shard and tp (4 bytes x parameter tensors each; counted on gloo), the
 preemption flag's MAX over the world (8 bytes,
-trainer.guards.PreemptionFlag). Evaluation and checkpoint collectives are not per step and not listed.
+trainer.guards.PreemptionFlag); with NVFP4 weights gathered as codes (parallel.gather_nvfp4_weights), before
+each micro-batch's forward, the MAX over the world of those weights' amaxes (4 bytes each,
+trainer.nvfp4_weight_gather), whose all-gathers then move 1/2 + 1/256 byte an element of those weights (codes
+and 16x16 block scales, one uint8 buffer with the unit's other parameters) and whose linears reduce no W amax
+over tp. Evaluation and checkpoint collectives are not per step and not listed.
 
 Seconds of one call (``call_seconds``), an alpha-beta model of NCCL's ring (all-gather, reduce-scatter)
 and tree (all-reduce) algorithms on a group of n ranks spanning k nodes (m of its ranks in a node):
@@ -110,8 +114,8 @@ from typing import Dict, List, Tuple
 from models.config import ModelConfig
 from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
-from trainer.planning.layout import (RunLayout, memoized, quantized_input_gathers, quantized_output_scatters,
-                                     recomputes)
+from trainer.planning.layout import (RunLayout, code_gathered_bytes, code_gathered_linears, memoized,
+                                     quantized_input_gathers, quantized_output_scatters, recomputes)
 from trainer.planning.parameters import COLUMN_PARALLEL, EMBEDDINGS, HEAD, UnitSize, fsdp_units, unit_sizes
 
 ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE = "all_gather", "reduce_scatter", "all_reduce"
@@ -157,18 +161,22 @@ class Collective:
                 "purpose": self.purpose, "unit": self.unit, "scalar": self.scalar, "overlapped": self.overlapped}
 
 
-def _fsdp_unit_collectives(layout: RunLayout, unit: UnitSize, kept: bool) -> List[Collective]:
+def _fsdp_unit_collectives(layout: RunLayout, unit: UnitSize, kept: bool, codes: int = 0) -> List[Collective]:
     """``kept``: the unit stays gathered from its forward to its backward, or its backward needs no parameters
-    (the embedding's: trainer.distributed.apply_fsdp), so reshard=per_micro_batch gathers it once a micro-batch."""
+    (the embedding's: trainer.distributed.apply_fsdp), so reshard=per_micro_batch gathers it once a micro-batch;
+    ``codes``: the unit's weight elements gathered as NVFP4 codes (the rest in the compute dtype, one uint8
+    buffer)."""
     S, R, A = layout.shard, layout.replicate, layout.accumulation
     padded = unit.padded_numel
     gathers = 1 if layout.reshard == "per_step" else A * (1 if kept else 2)
     reductions = 1 if layout.grad_reduce == "per_step" else A
     compute, reduce = DTYPE_NAMES.get(layout.compute_bytes, "float16"), layout.reduce_dtype
+    gathered = layout.compute_bytes * (padded - codes) + code_gathered_bytes(codes)
     out = []
     if S > 1:
-        out.append(Collective(ALL_GATHER, DP_SHARD, S, layout.compute_bytes * padded, gathers, compute,
-                              f"FSDP parameters of {unit.name} ({layout.reshard})", unit.name, overlapped=True))
+        out.append(Collective(ALL_GATHER, DP_SHARD, S, gathered, gathers, "uint8" if codes else compute,
+                              f"FSDP parameters of {unit.name} ({layout.reshard}"
+                              f"{', NVFP4 weights as codes' if codes else ''})", unit.name, overlapped=True))
         out.append(Collective(REDUCE_SCATTER, DP_SHARD, S, layout.reduce_bytes * padded, reductions, reduce,
                               f"FSDP gradients of {unit.name} ({layout.grad_reduce})", unit.name, overlapped=True))
     if R > 1:
@@ -185,7 +193,8 @@ def fsdp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     if not layout.fsdp:
         return []
     key = (repr(model), layout.tp, layout.shard, layout.replicate, layout.accumulation, layout.reshard,
-           layout.grad_reduce, layout.compute_bytes, layout.reduce_bytes, layout.reduce_dtype)
+           layout.grad_reduce, layout.compute_bytes, layout.reduce_bytes, layout.reduce_dtype,
+           tuple(sorted(code_gathered_linears(model, layout).items())))
     if key not in _FSDP_CACHE:
         _FSDP_CACHE[key] = tuple(_fsdp_collectives(model, layout))
     return list(_FSDP_CACHE[key])
@@ -194,9 +203,11 @@ def fsdp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
 def _fsdp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
     units = unit_sizes(model, layout.tp, layout.shard)
     last_block = units[-2].name
+    codes = code_gathered_linears(model, layout)
     out: List[Collective] = []
     for unit in units:
-        out += _fsdp_unit_collectives(layout, unit, kept=unit.name in (EMBEDDINGS, last_block, HEAD))
+        in_unit = sum(n for name, n in codes.items() if name.startswith(unit.name + "."))
+        out += _fsdp_unit_collectives(layout, unit, kept=unit.name in (EMBEDDINGS, last_block, HEAD), codes=in_unit)
     return out
 
 
@@ -209,12 +220,14 @@ def _has_tensor_scale(fmt: str) -> bool:
     return fmt != "bf16" and FORMAT_COSTS[fmt].amax_pass
 
 
-def _linear_amaxes(layout: RunLayout, name: str, column: bool, recomputes: bool, gathers: bool = False) -> Counter:
+def _linear_amaxes(model: ModelConfig, layout: RunLayout, name: str, column: bool, recomputes: bool,
+                   gathers: bool = False) -> Counter:
     """Per micro-batch: amax all-reduces of one TP linear (module docstring), bytes -> calls; ``gathers``: it
     gathers a quantized operand along the sequence (a column-parallel one X, a row-parallel one dY)."""
     formats = layout.gemm_formats.get(name, {})
     fprop, dgrad, wgrad = (_has_tensor_scale(formats.get(kind, "bf16")) for kind in ("fprop", "dgrad", "wgrad"))
     forward = fprop * (1 if column and not gathers else 2)  # column: W; row, or gathering its input: W and X
+    forward -= fprop * (name in code_gathered_linears(model, layout))  # W came gathered as codes: no amax
     if column:
         backward = dgrad + wgrad * (2 if gathers else 1)  # dY, dY^T; + X^T where it gathers X
     else:
@@ -236,9 +249,9 @@ def amaxes_per_micro_batch(model: ModelConfig, layout: RunLayout) -> Counter:
     for index, symbol in enumerate(model.pattern):
         for module, _, _, _ in block_linears(model, symbol):
             name = f"layers.{index}.mixer.{module}"
-            amaxes += _linear_amaxes(layout, name, module in COLUMN_PARALLEL, symbol in layout.checkpointed,
+            amaxes += _linear_amaxes(model, layout, name, module in COLUMN_PARALLEL, symbol in layout.checkpointed,
                                      name in gathering)
-    return amaxes + _linear_amaxes(layout, "lm_head", True, False)  # column-parallel over the vocabulary
+    return amaxes + _linear_amaxes(model, layout, "lm_head", True, False)  # column-parallel over the vocabulary
 
 
 def tp_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective]:
@@ -343,6 +356,10 @@ def scalar_collectives(model: ModelConfig, layout: RunLayout) -> List[Collective
                 out.append(Collective(ALL_REDUCE, mesh_dim, size, 4 * tensors, 1, "float32",
                                       "gradient norm (the stacked per-parameter norms)", scalar=True))
     out.append(Collective(ALL_REDUCE, WORLD, layout.gpus, 8, 1, "int64", "preemption flag (MAX)", scalar=True))
+    codes = code_gathered_linears(model, layout)
+    if codes:  # before every forward: the amaxes of the weights gathered as codes (trainer.nvfp4_weight_gather)
+        out.append(Collective(ALL_REDUCE, WORLD, layout.gpus, 4 * len(codes), layout.accumulation, "float32",
+                              "amaxes of the NVFP4 weights gathered as codes (MAX)", scalar=True))
     return out
 
 

@@ -88,6 +88,10 @@ class RunLayout:
     (trainer.tensor_parallel.quantized_input_gatherer, quantized_output_scatterer); False: the mixers' inputs
     and output gradients are gathered in the compute dtype."""
 
+    gathers_weight_codes: bool = False
+    """parallel.gather_nvfp4_weights, where the layers take it (the emulated and the torch NVFP4 layers, not
+    Transformer Engine's): FSDP2 gathers the NVFP4 16x16-tiled weights as codes (``code_gathered_linears``)."""
+
     @property
     def tokens_per_micro_batch(self) -> int:
         """Tokens of a micro-batch on one context-parallel rank (its TP group's): micro_batch x seq_len / cp."""
@@ -109,7 +113,8 @@ class RunLayout:
         return (self.tp, self.cp, self.micro_batch if micro_batch else None, self.seq_len,
                 self.checkpointed if checkpointing else None,
                 self.compute_bytes, self.residual_bytes, self.backend, self.compiled, self.fsdp, self.weight_reused,
-                self.saves_quantized_input, self.gathers_quantized_input, id(self.gemm_formats))
+                self.saves_quantized_input, self.gathers_quantized_input, id(self.gemm_formats),
+                self.gathers_weight_codes, self.shard if self.gathers_weight_codes else None)
 
     def linear_format(self, name: str) -> str:
         """The format of a linear's Fprop ('bf16' when it is not quantized)."""
@@ -302,6 +307,37 @@ def quantized_output_scatters(model: ModelConfig, layout: "RunLayout") -> frozen
     return _sequence_gathers(model, layout)[1]
 
 
+_CODES_CACHE: dict = {}
+
+
+def code_gathered_linears(model: ModelConfig, layout: "RunLayout") -> Dict[str, int]:
+    """The linears whose weights FSDP2 gathers as NVFP4 codes (``RunLayout.gathers_weight_codes``), name ->
+    TP-local weight elements: an NVFP4 Fprop with reused 16x16 weight tiles whose TP-local rows split over the
+    shard group in whole 16-row tiles (trainer.nvfp4_weight_gather.nvfp4_gatherable)."""
+    from trainer.planning.parameters import fsdp_units
+
+    def compute() -> Dict[str, int]:
+        if not (layout.gathers_weight_codes and layout.fsdp and layout.weight_reused):
+            return {}
+        out = {}
+        for unit in fsdp_units(model):
+            for param in unit.params:
+                name = param.name[: -len(".weight")]
+                if not param.name.endswith(".weight") or layout.linear_format(name) != "nvfp4":
+                    continue
+                rows, cols = param.local_shape(layout.tp)
+                if rows % (16 * layout.shard) == 0 and cols % 16 == 0:
+                    out[name] = rows * cols
+        return out
+
+    return memoized(_CODES_CACHE, model, layout, compute, layout.shard, checkpointing=False, micro_batch=False)
+
+
+def code_gathered_bytes(elements: int) -> int:
+    """Bytes of ``elements`` weight elements gathered as codes: two E2M1 codes a byte, an E4M3 scale per 16x16."""
+    return elements // 2 + elements // 256
+
+
 def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Optional[int] = None,
                    model: Optional[ModelConfig] = None) -> RunLayout:
     """The layout of ``cfg`` on ``gpus`` devices like ``gpu`` (``model`` replaces cfg.model, e.g. adopted from HF)."""
@@ -342,4 +378,6 @@ def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Opt
         reshard=cfg.parallel.reshard,
         grad_reduce=cfg.parallel.grad_reduce, batch=batch, reduce_dtype=cfg.parallel.reduce_dtype,
         weight_reused=costs_for_recipe(cfg.precision)[RECIPE_FORMATS[cfg.precision.format]].weight_transpose_invariant,
+        gathers_weight_codes=(cfg.parallel.gather_nvfp4_weights and fsdp and cfg.precision.format == "nvfp4"
+                              and (backend == "emulated" or not _saves_quantized_input(cfg, backend))),
     )

@@ -65,7 +65,8 @@ from typing import Dict
 from models.config import ModelConfig
 from models.gemms import block_linears
 from trainer.planning.gemm_costs import FORMAT_COSTS
-from trainer.planning.layout import RunLayout, memoized, quantized_input_gathers
+from trainer.planning.layout import (RunLayout, code_gathered_bytes, code_gathered_linears, memoized,
+                                     quantized_input_gathers)
 from trainer.planning.parameters import COLUMN_PARALLEL, head_local, largest_block_local, local_parameters
 
 GIB = 2**30
@@ -180,8 +181,9 @@ def gathered_parameter_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
     """FSDP2's unsharded compute copies held at the peak (module docstring)."""
     if not layout.fsdp:
         return 0.0
-    if layout.reshard == "per_step":
-        return layout.compute_bytes * local_parameters(cfg, layout.tp)
+    if layout.reshard == "per_step":  # every unit held: NVFP4 weights gathered as codes hold their codes
+        codes = sum(code_gathered_linears(cfg, layout).values())
+        return layout.compute_bytes * (local_parameters(cfg, layout.tp) - codes) + code_gathered_bytes(codes)
     return layout.compute_bytes * (head_local(cfg, layout.tp) + 2 * largest_block_local(cfg, layout.tp))
 
 

@@ -82,9 +82,10 @@ from models.flops import flops_breakdown
 from models.gemms import ATTENTION_KIND
 from trainer.planning.collectives import (ALL_GATHER, NVFP4_GATHERED_BYTES, REDUCE_SCATTER, TP, Collective, call_seconds,
                                           seconds_by_kind, step_collectives)
-from trainer.planning.gemm_costs import FORMAT_COSTS, OUTPUT_BYTES, gemm_operand_bytes, quantization_bytes
-from trainer.planning.layout import (RunLayout, memoized, quantized_input_gathers, quantized_output_scatters,
-                                     recomputes)
+from trainer.planning.gemm_costs import (FORMAT_COSTS, HIGH_PRECISION_BYTES, OUTPUT_BYTES, gemm_operand_bytes,
+                                         quantization_bytes)
+from trainer.planning.layout import (RunLayout, code_gathered_bytes, code_gathered_linears, memoized,
+                                     quantized_input_gathers, quantized_output_scatters, recomputes)
 from trainer.planning.memory import block_activation_bytes, linear_saved_input_bytes
 from trainer.planning.parameters import EMBEDDINGS, HEAD, local_parameters, unit_sizes
 from trainer.planning.tensor_parallel import local_training_gemms
@@ -194,6 +195,8 @@ def _each_gemm(cfg: ModelConfig, layout: RunLayout, eff: Efficiency):
     bandwidth, emulated = layout.gpu.hbm_bytes_per_s, layout.backend == "emulated"
     # These quantize their rank's tokens of X (column-parallel) or of dY (row-parallel) and gather the codes.
     gathering, scattering = quantized_input_gathers(cfg, layout), quantized_output_scatters(cfg, layout)
+    codes = code_gathered_linears(cfg, layout)
+    last_block = f"layers.{len(cfg.pattern) - 1}."
     # A context-parallel rank's piece as sequences of seq_len / cp tokens: the linears see only the token count
     # (attention's BMMs, whose shapes the sequence length sets, are skipped here).
     for gemm in local_training_gemms(cfg, layout.tokens_per_micro_batch, layout.seq_len // layout.cp, layout.tp):
@@ -210,8 +213,24 @@ def _each_gemm(cfg: ModelConfig, layout: RunLayout, eff: Efficiency):
                                            gradient_share=1 / layout.tp if gemm.name in scattering else 1.0)
             if emulated and (gemm.kind == "wgrad" or not layout.compiled):
                 quantized += (4 + 2) * gemm.M * gemm.N  # the FP32 output scaled and rounded to BF16
+            if gemm.kind == "fprop" and gemm.name in codes:
+                quantized += _code_gathered_weight_bytes(gemm, fmt, layout, gemm.name.startswith(last_block))
             quantizing = quantized / (bandwidth * eff.quantization)
         yield gemm, seconds, quantizing
+
+
+def _code_gathered_weight_bytes(gemm, fmt: str, layout: RunLayout, kept: bool) -> float:
+    """What a linear whose weight FSDP2 gathers as codes changes in a micro-batch's quantization traffic: W is no
+    longer quantized for Fprop; each rank quantizes its 1/S of the rows at every gather instead (once a step
+    with reshard=per_step; per micro-batch before the forward and again before the backward, unless the block
+    stays gathered between them); the emulated layer expands the codes to its values (read the codes, write
+    the compute dtype)."""
+    cost = FORMAT_COSTS[fmt]
+    elements = gemm.N * gemm.K
+    whole = elements * HIGH_PRECISION_BYTES * cost.reads_per_quantization + cost.weight_bytes(elements)
+    gathers = 1 / layout.accumulation if layout.reshard == "per_step" else (1 if kept else 2)
+    expand = (code_gathered_bytes(elements) + layout.compute_bytes * elements) if layout.backend == "emulated" else 0
+    return whole * (gathers / layout.shard - 1) + expand
 
 
 def hidden_tp_seconds(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> float:
@@ -297,16 +316,18 @@ def weight_copy_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
         return CAST_BYTES_PER_WEIGHT * _local_linear_weights(cfg, layout)
     A, c, g = layout.accumulation, layout.compute_bytes, layout.reduce_bytes
     parameters = local_parameters(cfg, layout.tp)
+    codes = sum(code_gathered_linears(cfg, layout).values())  # copied out as codes: 1/2 + 1/256 byte each
+    copied = c * (parameters - codes) + code_gathered_bytes(codes)
     if layout.reshard == "per_micro_batch":
         units = unit_sizes(cfg, layout.tp, layout.shard)
         once = sum(u.local_numel for u in units if u.name in (EMBEDDINGS, units[-2].name, HEAD))
-        gathered = 2.0 * parameters - once
+        gathered = 2.0 * copied - c * once
     else:
-        gathered = parameters / A
+        gathered = copied / A
     per_step_reduce = layout.grad_reduce == "per_step"
     reductions = 1 / A if per_step_reduce else 1.0
     accumulations = (A - 1) / A if per_step_reduce else 0.0
-    return gathered * 2 * c + (reductions * (c + g) + accumulations * 3 * c) * parameters
+    return gathered * 2 + (reductions * (c + g) + accumulations * 3 * c) * parameters
 
 
 def _joined_pieces_bytes(cfg: ModelConfig, layout: RunLayout) -> float:

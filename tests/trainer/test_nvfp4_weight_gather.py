@@ -1,0 +1,110 @@
+"""FSDP2 gathering NVFP4 weights as codes (parallel.gather_nvfp4_weights, trainer/nvfp4_weight_gather.py).
+
+Through the trainer (torchrun, gloo, CPU processes): two ranks train the tiny hybrid in emulated NVFP4 with the
+weights gathered as codes and, separately, in BF16: the same losses bit for bit (each rank quantizes its rows
+with the whole weight's amax, so the gathered codes are the layer's own), and a checkpoint of the codes run
+resumes to the same losses. The layers do take the gathered codes (counted), and a shard amax in place of the
+whole weight's parts the losses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from models.quant import nvfp4_torch
+from models.quant.gemm_spec import OperandSpec
+from models.quant.linear import _gathered_operand, _quantize_operand
+from trainer.nvfp4_weight_gather import NVFP4ShardedWeight, WeightAmax
+from trainer_testing import losses_by_step, run_cli, tiny_overrides
+
+TILE = OperandSpec("nvfp4", (16, 16))
+
+
+def _gathered(weight: torch.Tensor, shards: int, whole_amax: bool = True):
+    """``weight`` (FP32) gathered as FSDP2 would from ``shards`` ranks' rows: each quantizes its rows with the
+    whole weight's amax (or, as a control, its own) and the codes and scales are joined in rank order."""
+    pieces, metadata = [], None
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    for rows in weight.chunk(shards):
+        holder = WeightAmax(rows.device)
+        holder.value.copy_((weight if whole_amax else rows).to(torch.bfloat16).abs().amax().float())
+        holder.fresh = True
+        inputs, metadata = NVFP4ShardedWeight(rows, holder).fsdp_pre_all_gather(None, weight.shape, weight.stride(),
+                                                                               None, policy)
+        pieces.append(inputs)
+        if not whole_amax:
+            break
+    if not whole_amax:  # one rank's codes and scales made with its own amax, the others' with theirs
+        return None, pieces
+    outputs = tuple(torch.cat(parts) for parts in zip(*pieces))
+    gathered, _ = NVFP4ShardedWeight(weight, WeightAmax(weight.device)).fsdp_post_all_gather(outputs, metadata,
+                                                                                              torch.bfloat16)
+    return gathered, pieces
+
+
+def test_gathered_codes_are_the_whole_weights_for_both_layers():
+    """The codes two and four ranks gather are the codes, block scales and decode scale each layer makes of the
+    whole BF16 weight: the native layer's Nvfp4Codes and the emulated layer's values; the weight's maximum sits in
+    the last rank's rows, so a rank's own amax would scale its rows otherwise."""
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(128, 96, generator=generator)
+    weight[120, 50] = 11.0
+    whole = weight.to(torch.bfloat16)
+    native = nvfp4_torch.quantize_operand(whole, TILE, transpose=False, name="Fprop W")
+    emulated = _quantize_operand(whole, TILE, transpose=False, compute_dtype=torch.bfloat16, rng=None, name="Fprop W")
+    for shards in (2, 4):
+        gathered, _ = _gathered(weight, shards)
+        codes = gathered.nvfp4_codes()
+        assert torch.equal(codes.codes(), native.codes())
+        assert torch.equal(codes.scales.view(torch.uint8), native.scales.view(torch.uint8))
+        assert torch.equal(codes.decode, native.decode)
+        values = _gathered_operand(gathered, torch.bfloat16)
+        assert torch.equal(values.values, emulated.values) and torch.equal(values.decode, emulated.decode)
+        assert gathered.shape == weight.shape and gathered.dtype == torch.bfloat16
+    _, own = _gathered(weight, 2, whole_amax=False)  # rank 0 scaled by its own, smaller amax
+    assert not torch.equal(own[0][1], torch.cat([p[1] for p in _gathered(weight, 2)[1]])[:own[0][1].shape[0]])
+
+
+def _args(data_cache):
+    return tiny_overrides(data_cache, steps=4) + ["precision.backend=emulated", "train.micro_batch_size=1",
+                                                  "train.global_batch_size=4", "checkpoint.every=2",
+                                                  "parallel.reshard=per_micro_batch"]
+
+
+@pytest.mark.distributed
+def test_codes_train_as_bf16_gathers_do_and_resume(tmp_path, data_cache):
+    args = _args(data_cache)
+    plain = run_cli(args, tmp_path / "plain", nproc=2, timeout=600)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    codes = run_cli(args + ["parallel.gather_nvfp4_weights=true"], tmp_path / "codes", nproc=2, timeout=600)
+    assert codes.returncode == 0, codes.stderr[-3000:]
+    expected, got = losses_by_step(tmp_path / "plain"), losses_by_step(tmp_path / "codes")
+    assert sorted(got) == [1, 2, 3, 4]
+    assert got == expected  # bit for bit: the same codes, gathered rather than made
+    assert "NVFP4 weights as their codes" in codes.stdout + codes.stderr
+    assert "dequantized" not in codes.stderr  # every layer took the codes
+
+    checkpoint = tmp_path / "codes" / "checkpoints" / "step_00000002"
+    resumed = run_cli(args + ["parallel.gather_nvfp4_weights=true", f"checkpoint.resume={checkpoint}"],
+                      tmp_path / "resumed", nproc=2, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    continued = losses_by_step(tmp_path / "resumed")
+    assert {step: continued[step] for step in (3, 4)} == {step: got[step] for step in (3, 4)}
+
+
+@pytest.mark.distributed
+def test_codes_under_tensor_parallelism(tmp_path, data_cache):
+    """tp 2 x dp 2: each tensor-parallel shard of a weight gathers its codes over dp with the whole weight's amax
+    (the amax its layer reduces over tp)."""
+    args = tiny_overrides(data_cache, steps=2) + [
+        "precision.backend=emulated", "precision.gradient_stochastic_rounding=false", "train.micro_batch_size=1",
+        "train.global_batch_size=4", "parallel.tp=2", "model.mamba_num_heads=32", "model.mamba_head_dim=4"]
+    plain = run_cli(args, tmp_path / "plain", nproc=4, timeout=600)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    codes = run_cli(args + ["parallel.gather_nvfp4_weights=true"], tmp_path / "codes", nproc=4, timeout=600)
+    assert codes.returncode == 0, codes.stderr[-3000:]
+    assert "NVFP4 weights as their codes" in codes.stdout + codes.stderr
+    assert "dequantized" not in codes.stderr  # every layer took the codes (a to_local() view keeps them)
+    expected, got = losses_by_step(tmp_path / "plain"), losses_by_step(tmp_path / "codes")
+    assert sorted(got) == [1, 2] and got == expected
