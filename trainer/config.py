@@ -95,9 +95,11 @@ class ParallelConfig:
     gather_nvfp4_weights: bool = False
     """Under FSDP2, gather the weights of NVFP4 linears with 16x16 weight tiles as their 4-bit codes and block
     scales (each rank quantizes its rows with the whole weight's amax): a quarter of BF16's bytes on the wire,
-    the same codes the layer would make, bit for bit (trainer/nvfp4_weight_gather.py). Needs parallel.fsdp,
-    precision.weight_2d and no late switch to BF16; a layer whose rows do not split into whole 16-row tiles
-    over the shard group gathers BF16 as before."""
+    the same codes the layer would make, bit for bit (trainer/nvfp4_weight_gather.py). Refused with
+    parallel.compile and with a late switch to BF16. Only the emulated and torch NVFP4 layers take codes (not
+    Transformer Engine's), with 16x16 weight tiles reused by Dgrad, rows that split over a shard group of 2 or
+    more in whole 16-row tiles, the LM head not; the others gather in the compute dtype as before (the start
+    line says how many take codes)."""
     compile: bool = False
     """torch.compile each block (eager fallbacks where a kernel does not trace)."""
     cuda_graph: bool = False

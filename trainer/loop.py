@@ -273,7 +273,7 @@ def _announce(cfg, env, run_dir, logger, plan, applied, tokenizer, checkpointer,
         logger.echo(startup.choice.line())  # parallel=auto's layout, planned step time and MFU
     if startup is not None and startup.batch.adjusted:
         logger.echo(startup.batch.announcement())
-    if applied.get("nvfp4_weights_gathered_as_codes"):
+    if cfg.parallel.gather_nvfp4_weights:  # none where no layer takes codes (TE's, 1D weight tiles, no FSDP...)
         logger.echo(f"FSDP2 gathers {applied['nvfp4_weights_gathered_as_codes']} NVFP4 weights as their codes "
                     "(parallel.gather_nvfp4_weights)")
     write_run_description(cfg, run_dir, world_size=env.world_size, device=env.device, tokenizer=tokenizer.record,

@@ -188,7 +188,7 @@ def nvfp4_gatherable(linear: nn.Module, shard: int) -> bool:
     rows that split over ``shard`` ranks in whole 16-row tiles."""
     spec = getattr(linear, "spec", None)
     fprop = getattr(spec, "fprop", None)
-    if fprop is None or getattr(spec, "backend", None) not in ("emulated", "torch"):
+    if fprop is None or spec.dgrad is None or getattr(spec, "backend", None) not in ("emulated", "torch"):
         return False
     w = fprop.b
     rows, cols = local_shape(linear.weight)
@@ -217,9 +217,12 @@ def wrap_nvfp4_weights(model: nn.Module, shard: int) -> List[nn.Module]:
     returns those linears."""
     from torch.distributed.tensor import DTensor
 
+    if shard < 2:  # FSDP2 copies a one-rank shard group's parameters whole: nothing is gathered
+        return []
+    head = getattr(model, "lm_head", None)  # FSDP2 keeps the head gathered; BF16 in the paper's recipe anyway
     wrapped = []
     for module in model.modules():
-        if not nvfp4_gatherable(module, shard):
+        if module is head or not nvfp4_gatherable(module, shard):
             continue
         weight = module.weight
         if isinstance(weight, DTensor):  # a tensor-parallel shard: its local tensor gathers codes
@@ -262,6 +265,9 @@ def refresh_weight_amaxes(linears: List[nn.Module], compute_dtype: torch.dtype) 
     shards = [_local(module.weight) for module in linears]
     local = torch.stack([shard.to(compute_dtype).abs().amax().float() if shard.numel()
                          else torch.zeros((), device=shard.device) for shard in shards])
+    # NaN -> Inf first, as the layers' own reduction does (quantized_linear.all_reduce_amax): a MAX may drop NaN,
+    # and a non-finite weight must give every rank the non-finite scale the BF16 gather's layer would take.
+    local = torch.nan_to_num(local, nan=float("inf"))
     if dist.is_initialized():
         dist.all_reduce(local, op=dist.ReduceOp.MAX)
     for module, value in zip(linears, local):

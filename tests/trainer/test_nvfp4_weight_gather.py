@@ -108,3 +108,51 @@ def test_codes_under_tensor_parallelism(tmp_path, data_cache):
     assert "dequantized" not in codes.stderr  # every layer took the codes (a to_local() view keeps them)
     expected, got = losses_by_step(tmp_path / "plain"), losses_by_step(tmp_path / "codes")
     assert sorted(got) == [1, 2] and got == expected
+
+
+def test_which_weights_travel_as_codes():
+    """Block linears with NVFP4 16x16 weights, on a shard group of two or more ranks; not the LM head, not one
+    rank's group (FSDP2 gathers nothing there); a non-finite weight gives an infinite amax (NaN does not vanish in
+    the MAX), as the layers' own reduction does."""
+    from test_tensor_parallel import build, precision_config, tp_config
+    from trainer.nvfp4_weight_gather import refresh_weight_amaxes, wrap_nvfp4_weights
+
+    precision = precision_config("nvfp4", backend="emulated", bf16_layers_at_start=0, bf16_layers_at_end=0,
+                                 quantize_lm_head=True)
+    assert wrap_nvfp4_weights(build(tp_config(), precision), 1) == []
+    model = build(tp_config(), precision)
+    wrapped = wrap_nvfp4_weights(model, 2)
+    assert wrapped and model.lm_head not in wrapped
+    assert all(isinstance(module.weight.data, NVFP4ShardedWeight) for module in wrapped)
+    assert all(type(value) is torch.Tensor for value in model.state_dict().values())  # checkpoints stay plain
+    with torch.no_grad():
+        wrapped[0].weight._data[0, 0] = float("nan")
+    refresh_weight_amaxes(wrapped, torch.float32)
+    assert wrapped[0].weight._amax.value.item() == float("inf")
+    assert all(torch.isfinite(module.weight._amax.value) for module in wrapped[1:])
+
+
+def test_the_plan_does_not_depend_on_which_policy_was_planned_first():
+    """What each rank quantizes per gather depends on the reshard policy and the accumulation, so they key the
+    planner's caches: planning per_step after per_micro_batch gives what planning it alone gives."""
+    from trainer.hardware import GPUS
+    from trainer.planning import step_time
+    from trainer.planning.layout import resolve_layout
+    from test_planning_collectives import TINY, compose
+
+    base = TINY + ["precision=nvfp4", "precision.backend=emulated", "precision.bf16_layers_at_start=0",
+                   "precision.bf16_layers_at_end=1", "train.global_batch_size=16", "parallel.gather_nvfp4_weights=true",
+                   "model.mamba_num_heads=32", "model.mamba_head_dim=4"]
+
+    def quantization(reshard):
+        cfg = compose(base + [f"parallel.reshard={reshard}"])
+        layout = resolve_layout(cfg, GPUS["H200"], 4)
+        return step_time.plan_step_time(cfg.model, layout).parts["quantization"]
+
+    alone = {}
+    for reshard in ("per_step", "per_micro_batch"):
+        step_time._MICRO_CACHE.clear()
+        alone[reshard] = quantization(reshard)
+    assert alone["per_step"] != alone["per_micro_batch"]
+    step_time._MICRO_CACHE.clear()
+    assert [quantization("per_micro_batch"), quantization("per_step")] == [alone["per_micro_batch"], alone["per_step"]]

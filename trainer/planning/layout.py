@@ -114,7 +114,8 @@ class RunLayout:
                 self.checkpointed if checkpointing else None,
                 self.compute_bytes, self.residual_bytes, self.backend, self.compiled, self.fsdp, self.weight_reused,
                 self.saves_quantized_input, self.gathers_quantized_input, id(self.gemm_formats),
-                self.gathers_weight_codes, self.shard if self.gathers_weight_codes else None)
+                self.gathers_weight_codes,  # what each rank quantizes per gather depends on how often it gathers
+                (self.shard, self.reshard, self.accumulation) if self.gathers_weight_codes else None)
 
     def linear_format(self, name: str) -> str:
         """The format of a linear's Fprop ('bf16' when it is not quantized)."""
@@ -312,18 +313,21 @@ _CODES_CACHE: dict = {}
 
 def code_gathered_linears(model: ModelConfig, layout: "RunLayout") -> Dict[str, int]:
     """The linears whose weights FSDP2 gathers as NVFP4 codes (``RunLayout.gathers_weight_codes``), name ->
-    TP-local weight elements: an NVFP4 Fprop with reused 16x16 weight tiles whose TP-local rows split over the
-    shard group in whole 16-row tiles (trainer.nvfp4_weight_gather.nvfp4_gatherable)."""
+    TP-local weight elements: a block linear with NVFP4 Fprop and Dgrad sharing 16x16 weight tiles whose TP-local
+    rows split over a shard group of 2 or more in whole 16-row tiles (trainer.nvfp4_weight_gather's
+    nvfp4_gatherable and wrap_nvfp4_weights)."""
     from trainer.planning.parameters import fsdp_units
 
     def compute() -> Dict[str, int]:
-        if not (layout.gathers_weight_codes and layout.fsdp and layout.weight_reused):
+        if not (layout.gathers_weight_codes and layout.fsdp and layout.weight_reused and layout.shard > 1):
             return {}
         out = {}
         for unit in fsdp_units(model):
             for param in unit.params:
                 name = param.name[: -len(".weight")]
-                if not param.name.endswith(".weight") or layout.linear_format(name) != "nvfp4":
+                formats = layout.gemm_formats.get(name, {})
+                if not (name.startswith("layers.") and param.name.endswith(".weight")
+                        and formats.get("fprop") == formats.get("dgrad") == "nvfp4"):
                     continue
                 rows, cols = param.local_shape(layout.tp)
                 if rows % (16 * layout.shard) == 0 and cols % 16 == 0:
@@ -379,5 +383,6 @@ def resolve_layout(cfg: TrainConfig, gpu: GpuSpec, gpus: int, gpus_per_node: Opt
         grad_reduce=cfg.parallel.grad_reduce, batch=batch, reduce_dtype=cfg.parallel.reduce_dtype,
         weight_reused=costs_for_recipe(cfg.precision)[RECIPE_FORMATS[cfg.precision.format]].weight_transpose_invariant,
         gathers_weight_codes=(cfg.parallel.gather_nvfp4_weights and fsdp and cfg.precision.format == "nvfp4"
+                              and "w" not in cfg.precision.four_over_six
                               and (backend == "emulated" or not _saves_quantized_input(cfg, backend))),
     )

@@ -213,24 +213,29 @@ def _each_gemm(cfg: ModelConfig, layout: RunLayout, eff: Efficiency):
                                            gradient_share=1 / layout.tp if gemm.name in scattering else 1.0)
             if emulated and (gemm.kind == "wgrad" or not layout.compiled):
                 quantized += (4 + 2) * gemm.M * gemm.N  # the FP32 output scaled and rounded to BF16
-            if gemm.kind == "fprop" and gemm.name in codes:
-                quantized += _code_gathered_weight_bytes(gemm, fmt, layout, gemm.name.startswith(last_block))
+            if gemm.name in codes:
+                quantized += _code_gathered_weight_bytes(gemm.kind, codes[gemm.name], fmt, layout,
+                                                         gemm.name.startswith(last_block))
             quantizing = quantized / (bandwidth * eff.quantization)
         yield gemm, seconds, quantizing
 
 
-def _code_gathered_weight_bytes(gemm, fmt: str, layout: RunLayout, kept: bool) -> float:
-    """What a linear whose weight FSDP2 gathers as codes changes in a micro-batch's quantization traffic: W is no
-    longer quantized for Fprop; each rank quantizes its 1/S of the rows at every gather instead (once a step
-    with reshard=per_step; per micro-batch before the forward and again before the backward, unless the block
-    stays gathered between them); the emulated layer expands the codes to its values (read the codes, write
-    the compute dtype)."""
+def _code_gathered_weight_bytes(kind: str, elements: int, fmt: str, layout: RunLayout, kept: bool) -> float:
+    """What a linear whose weight (``elements``, TP-local) FSDP2 gathers as codes changes in a micro-batch's
+    quantization traffic, booked on its GEMMs: Fprop (repeated in a recomputing block) no longer quantizes W, and
+    the emulated layer expands the codes to its values there instead (read the codes, write the compute dtype);
+    each rank quantizes its 1/S of the rows at every gather (once a step with reshard=per_step; per micro-batch
+    before the forward and again before the backward, unless the block stays gathered between them), booked on
+    Wgrad, which no recomputation repeats."""
     cost = FORMAT_COSTS[fmt]
-    elements = gemm.N * gemm.K
     whole = elements * HIGH_PRECISION_BYTES * cost.reads_per_quantization + cost.weight_bytes(elements)
-    gathers = 1 / layout.accumulation if layout.reshard == "per_step" else (1 if kept else 2)
-    expand = (code_gathered_bytes(elements) + layout.compute_bytes * elements) if layout.backend == "emulated" else 0
-    return whole * (gathers / layout.shard - 1) + expand
+    if kind == "fprop":
+        expand = (code_gathered_bytes(elements) + layout.compute_bytes * elements) if layout.backend == "emulated" else 0
+        return expand - whole
+    if kind == "wgrad":
+        gathers = 1 / layout.accumulation if layout.reshard == "per_step" else (1 if kept else 2)
+        return whole * gathers / layout.shard
+    return 0.0
 
 
 def hidden_tp_seconds(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_CALIBRATED) -> float:
@@ -316,12 +321,17 @@ def weight_copy_bytes(cfg: ModelConfig, layout: RunLayout) -> float:
         return CAST_BYTES_PER_WEIGHT * _local_linear_weights(cfg, layout)
     A, c, g = layout.accumulation, layout.compute_bytes, layout.reduce_bytes
     parameters = local_parameters(cfg, layout.tp)
-    codes = sum(code_gathered_linears(cfg, layout).values())  # copied out as codes: 1/2 + 1/256 byte each
-    copied = c * (parameters - codes) + code_gathered_bytes(codes)
+    codes = code_gathered_linears(cfg, layout)  # copied out as codes: 1/2 + 1/256 byte each
+
+    def copied_bytes(elements: int, code_elements: int) -> float:
+        return c * (elements - code_elements) + code_gathered_bytes(code_elements)
+
+    copied = copied_bytes(parameters, sum(codes.values()))
     if layout.reshard == "per_micro_batch":
         units = unit_sizes(cfg, layout.tp, layout.shard)
-        once = sum(u.local_numel for u in units if u.name in (EMBEDDINGS, units[-2].name, HEAD))
-        gathered = 2.0 * copied - c * once
+        once = sum(copied_bytes(u.local_numel, sum(n for name, n in codes.items() if name.startswith(u.name + ".")))
+                   for u in units if u.name in (EMBEDDINGS, units[-2].name, HEAD))
+        gathered = 2.0 * copied - once
     else:
         gathered = copied / A
     per_step_reduce = layout.grad_reduce == "per_step"
@@ -456,8 +466,11 @@ def plan_step_time(cfg: ModelConfig, layout: RunLayout, eff: Efficiency = H200_C
     exposed_dp = 0.0
     if kinds["overlapped"]:
         phase = per_micro + waited / layout.accumulation  # one micro-batch's compute and TP/CP waiting
-        exposed_dp = exposed_fsdp_seconds(layout, collectives, eff, FORWARD_SHARE * phase,
-                                          (1 - FORWARD_SHARE) * phase, block)
+        # Recomputed blocks run their forward again inside the backward: the forward phase is the share of
+        # the micro-batch without that repeat (a block's share of the compute taken as equal).
+        recomputed = sum(symbol in layout.checkpointed for symbol in cfg.pattern) / len(cfg.pattern)
+        forward = FORWARD_SHARE * phase / (1 + FORWARD_SHARE * recomputed)
+        exposed_dp = exposed_fsdp_seconds(layout, collectives, eff, forward, phase - forward, block)
     parts["tensor-parallel communication"] = kinds["tensor parallel"] - hidden
     if layout.cp > 1:
         parts["context-parallel communication"] = kinds["context parallel"]
