@@ -26,34 +26,25 @@ def _scatter(tensor: torch.Tensor, dim: int, group) -> torch.Tensor:
     return funcol.wait_tensor(reduce_scatter_async(tensor.contiguous(), "sum", scatter_dim=dim, group=group))
 
 
-class _AllGather(torch.autograd.Function):
+class _AlongDim(torch.autograd.Function):
+    """One collective along ``dim`` (``gather``: all-gather, else reduce-scatter); backward: the other one."""
+
     @staticmethod
-    def forward(ctx, tensor, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _gather(tensor, dim, group)
+    def forward(ctx, tensor, dim, group, gather: bool):
+        ctx.dim, ctx.group, ctx.gather = dim, group, gather
+        return (_gather if gather else _scatter)(tensor, dim, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _scatter(grad, ctx.dim, ctx.group), None, None
-
-
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _scatter(tensor, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather(grad, ctx.dim, ctx.group), None, None
+        return (_scatter if ctx.gather else _gather)(grad, ctx.dim, ctx.group), None, None, None
 
 
 def all_gather(tensor: torch.Tensor, dim: int, group) -> torch.Tensor:
     """Every rank's ``tensor`` joined along ``dim`` in rank order; backward: the gradient's reduce-scatter (sum)."""
-    return _AllGather.apply(tensor, dim, group)
+    return _AlongDim.apply(tensor, dim, group, True)
 
 
 def reduce_scatter(tensor: torch.Tensor, dim: int, group) -> torch.Tensor:
     """The ranks' ``tensor`` summed, this rank's slice of ``dim`` (1/size of it); backward: the gradient's
     all-gather."""
-    return _ReduceScatter.apply(tensor, dim, group)
+    return _AlongDim.apply(tensor, dim, group, False)

@@ -95,8 +95,9 @@ class ParallelConfig:
     gather_nvfp4_weights: bool = False
     """Under FSDP2, gather the weights of NVFP4 linears with 16x16 weight tiles as their 4-bit codes and block
     scales (each rank quantizes its rows with the whole weight's amax): a quarter of BF16's bytes on the wire,
-    the same codes the layer would make, bit for bit (trainer/nvfp4_weight_gather.py). Refused with
-    parallel.compile and with a late switch to BF16. Only the emulated and torch NVFP4 layers take codes (not
+    the same codes the layer would make, bit for bit (trainer/nvfp4_weight_gather.py). Refused with a late
+    switch to BF16; under parallel.compile those layers' GEMMs run outside the compiled graphs (a graph break
+    each, a cost the planner does not model). Only the emulated and torch NVFP4 layers take codes (not
     Transformer Engine's), with 16x16 weight tiles reused by Dgrad, rows that split over a shard group of 2 or
     more in whole 16-row tiles, the LM head not; the others gather in the compute dtype as before (the start
     line says how many take codes)."""

@@ -234,6 +234,9 @@ def wrap_nvfp4_weights(model: nn.Module, shard: int) -> List[nn.Module]:
             data = NVFP4ShardedWeight(weight.data, WeightAmax(weight.device))
         module.weight = nn.Parameter(data, requires_grad=weight.requires_grad)
         module.register_state_dict_post_hook(_plain_weight_in_state_dict)
+        # A compiled block would take the gathered weight apart into its codes (its tensors, not it, become the
+        # graph's inputs) and the weight would get no gradient: the quantized GEMMs run outside the graph.
+        module.quantized_matmul = torch.compiler.disable(module.quantized_matmul)
         wrapped.append(module)
     return wrapped
 

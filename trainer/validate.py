@@ -159,9 +159,6 @@ def _validate_parallel(cfg: TrainConfig) -> None:
         _require(not parallel.cuda_graph, "parallel.cuda_graph", parallel.cuda_graph, "false with parallel.cp > 1")
     if parallel.gather_nvfp4_weights:  # where no layer can take codes the flag does nothing (said at start)
         precision = cfg.precision
-        _require(not parallel.compile, "parallel.compile", parallel.compile,
-                 "false with parallel.gather_nvfp4_weights (compiled blocks do not yet pass the gathered weights' "
-                 "gradients on; or set parallel.gather_nvfp4_weights=false)")
         for field in ("switch_to_bf16_at_step", "switch_to_bf16_at_tokens"):
             _require(getattr(precision, field) is None, f"precision.{field}", getattr(precision, field),
                      "unset with parallel.gather_nvfp4_weights (layers switched to BF16 need their BF16 weights, "

@@ -156,3 +156,49 @@ def test_the_plan_does_not_depend_on_which_policy_was_planned_first():
     assert alone["per_step"] != alone["per_micro_batch"]
     step_time._MICRO_CACHE.clear()
     assert [quantization("per_micro_batch"), quantization("per_step")] == [alone["per_micro_batch"], alone["per_step"]]
+
+
+def _compiled_worker(rank: int, world: int, out_dir: str) -> None:
+    """Two ranks, the blocks compiled (aot_eager: Dynamo and AOTAutograd, no code generation), with and without
+    the codes gathered: every parameter's gradient."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from test_tensor_parallel import build, precision_config, tp_config
+    from trainer.config import ParallelConfig
+    from trainer.distributed import DistEnv, apply_fsdp
+    from trainer.nvfp4_weight_gather import install_amax_refresh, wrap_nvfp4_weights
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    precision = precision_config("nvfp4", backend="emulated", bf16_layers_at_start=0, bf16_layers_at_end=0,
+                                 gradient_stochastic_rounding=False)
+    ids = torch.randint(0, tp_config().vocab_size, (world, 64), generator=torch.Generator().manual_seed(3))
+    grads = {}
+    for codes in (False, True):
+        model = build(tp_config(), precision)
+        wrapped = wrap_nvfp4_weights(model, world) if codes else []
+        for block in model.layers:
+            block.compile(backend="aot_eager")
+        env = DistEnv(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"), mesh=mesh, tp=1)
+        apply_fsdp(model, env, ParallelConfig(reduce_dtype="float32"), torch.float32)
+        install_amax_refresh(model, wrapped, torch.float32)
+        model(ids[rank:rank + 1]).float().logsumexp(-1).mean().backward()
+        grads[codes] = {name: None if p.grad is None else p.grad.full_tensor() for name, p in model.named_parameters()}
+        assert not codes or wrapped
+    if rank == 0:
+        torch.save(grads, f"{out_dir}/grads.pt")
+    dist.barrier()
+
+
+@pytest.mark.distributed
+def test_compiled_blocks_pass_the_gathered_weights_gradients_on(tmp_path):
+    """A compiled block would take a gathered weight apart into its codes and the weight would get no gradient;
+    the quantized GEMMs of those layers run outside the graph (a graph break each), so every weight gets the
+    gradient the compiled BF16-gathered run computes (to the graphs' other splits' rounding)."""
+    from test_tensor_parallel import run_ranks
+
+    run_ranks(_compiled_worker, 2, str(tmp_path))
+    grads = torch.load(tmp_path / "grads.pt")
+    assert all(grad is not None for grad in grads[True].values())
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -23,9 +23,8 @@ LAYOUT_VALUES = ["parallel.tp=3", "parallel.tp=0", "parallel.reshard=always", "p
                  "parallel.cp=0", "parallel.cp=3", "parallel.cp=32"]
 
 
-# Pairs: gathering NVFP4 weights as codes is not compiled and has no late switch to BF16.
-LAYOUT_PAIRS = [("parallel.gather_nvfp4_weights=true", "parallel.compile=true"),
-                ("parallel.gather_nvfp4_weights=true", "precision.switch_to_bf16_at_step=5"),
+# Pairs: gathering NVFP4 weights as codes has no late switch to BF16.
+LAYOUT_PAIRS = [("parallel.gather_nvfp4_weights=true", "precision.switch_to_bf16_at_step=5"),
                 ("parallel.gather_nvfp4_weights=true", "precision.switch_to_bf16_at_tokens=1000")]
 
 
