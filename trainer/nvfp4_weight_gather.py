@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_map_only
 
 from models.quant.formats import quantize
 from models.quant.formats.quantized_tensor import QuantizedTensor
-from models.quant.quantized_linear import with_amax_rows
+from models.quant.quantized_linear import abs_max, all_reduce_amax, with_amax_rows
 
 TILE = (16, 16)
 _E4M3 = torch.float8_e4m3fn
@@ -131,8 +131,8 @@ def _unpacked(packed: torch.Tensor) -> torch.Tensor:
 class GatheredNVFP4Weight(torch.Tensor):
     """A whole weight [N, K] as FSDP2 gathered it: its NVFP4 codes and scales, in the compute dtype's clothes.
 
-    The layer asks for ``operand`` (the quantized W for its GEMMs); any other op sees the dequantized weight
-    (q s_b / S_enc in the compute dtype), which the quantized layers never take."""
+    The layers ask for ``quantized`` (the emulated GEMMs' values) or ``nvfp4_codes`` (the native GEMM's operand);
+    any other op sees the dequantized weight (q s_b / S_enc in the compute dtype) and says so once."""
 
     @staticmethod
     def __new__(cls, codes, scales, tensor_scale, amax, dtype):
@@ -197,19 +197,14 @@ def nvfp4_gatherable(linear: nn.Module, shard: int) -> bool:
             and rows % (TILE[0] * shard) == 0 and cols % TILE[1] == 0)
 
 
+def _local_of(weight: torch.Tensor) -> torch.Tensor:
+    """This rank's tensor of a (DTensor) weight: a wrapped weight's NVFP4ShardedWeight."""
+    return weight.to_local() if hasattr(weight, "to_local") else weight
+
+
 def local_shape(weight: torch.Tensor) -> torch.Size:
     """A weight's shape on this rank before FSDP (its tensor-parallel shard's)."""
-    return weight.to_local().shape if hasattr(weight, "to_local") else weight.shape
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return local._data if isinstance(local, NVFP4ShardedWeight) else local
-
-
-def _holder(weight: torch.Tensor) -> WeightAmax:
-    local = weight.to_local() if hasattr(weight, "to_local") else weight
-    return local._amax
+    return _local_of(weight).shape
 
 
 def wrap_nvfp4_weights(model: nn.Module, shard: int) -> List[nn.Module]:
@@ -226,7 +221,7 @@ def wrap_nvfp4_weights(model: nn.Module, shard: int) -> List[nn.Module]:
             continue
         weight = module.weight
         if isinstance(weight, DTensor):  # a tensor-parallel shard: its local tensor gathers codes
-            local = weight.to_local()
+            local = _local_of(weight)
             data = DTensor.from_local(NVFP4ShardedWeight(local.detach(), WeightAmax(local.device)),
                                       weight.device_mesh, weight.placements, run_check=False,
                                       shape=weight.shape, stride=weight.stride())
@@ -251,7 +246,7 @@ def _plain_weight_in_state_dict(module: nn.Module, state_dict: dict, prefix: str
     if hasattr(tensor, "to_local"):
         from torch.distributed.tensor import DTensor
 
-        local = tensor.to_local()
+        local = _local_of(tensor)
         if isinstance(local, NVFP4ShardedWeight):
             state_dict[key] = DTensor.from_local(local._data, tensor.device_mesh, tensor.placements, run_check=False,
                                                  shape=tensor.shape, stride=tensor.stride())
@@ -265,18 +260,13 @@ def refresh_weight_amaxes(linears: List[nn.Module], compute_dtype: torch.dtype) 
     (max) over all ranks."""
     if not linears:
         return
-    shards = [_local(module.weight) for module in linears]
-    local = torch.stack([shard.to(compute_dtype).abs().amax().float() if shard.numel()
-                         else torch.zeros((), device=shard.device) for shard in shards])
-    # NaN -> Inf first, as the layers' own reduction does (quantized_linear.all_reduce_amax): a MAX may drop NaN,
-    # and a non-finite weight must give every rank the non-finite scale the BF16 gather's layer would take.
-    local = torch.nan_to_num(local, nan=float("inf"))
-    if dist.is_initialized():
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
-    for module, value in zip(linears, local):
-        holder = _holder(module.weight)
-        holder.value.copy_(value)
-        holder.fresh = True
+    shards = [_local_of(module.weight) for module in linears]
+    # The layers' own amax reduction (NaN counted as Inf), over the world: one call for every weight.
+    reduced = all_reduce_amax(torch.cat([abs_max(shard._data.to(compute_dtype)) for shard in shards]),
+                              dist.group.WORLD)
+    for shard, value in zip(shards, reduced):
+        shard._amax.value.copy_(value)
+        shard._amax.fresh = True
 
 
 def install_amax_refresh(model: nn.Module, linears: List[nn.Module], compute_dtype: torch.dtype):

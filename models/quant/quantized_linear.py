@@ -134,10 +134,12 @@ def all_reduce_amax(amax: torch.Tensor, group) -> torch.Tensor:
     """The max over every rank of ``group`` of each rank's fp32 [1] amax: where a sharded operand's per-tensor
     amax is reduced (MAX), the one place (the torch path's ``group_amax`` and the kernels' own amax passes). A
     NaN counts as +Inf (a max may drop NaN), so a non-finite value on any rank makes every rank's decode scale
-    NaN, as the unsharded tensor's would be."""
+    NaN, as the unsharded tensor's would be. Without a process group (one process) the value is its own max."""
     import torch.distributed._functional_collectives as funcol
 
     amax = torch.nan_to_num(amax.float(), nan=float("inf"), posinf=float("inf"))
+    if not torch.distributed.is_initialized():
+        return amax
     return funcol.wait_tensor(funcol.all_reduce(amax, "max", group))
 
 
